@@ -1,0 +1,207 @@
+"""Per-sequence policy: how deep, how wide and how many draft nodes this step.
+
+Each request keeps a rolling window of its last ``history_window`` steps. The shape of the
+next draft tree is a function of one fused signal in [0, 1]:
+
+    a = sum(accepted) / sum(trials)        over the window; ``prior_acceptance`` before any step
+        trials of a step = accepted + (1 if accepted < drafted else 0), i.e. the number of
+        positions the target actually judged; a is the per-position acceptance estimate and
+        does not shrink just because a deeper tree was drafted
+    c = drafter's top-1 probability at the first draft position (clamped to [0, 1], NaN -> 0)
+    s = confidence_weight * c + (1 - confidence_weight) * a
+
+    ramp(s, lo, hi) = clamp((s - lo) / (hi - lo), 0, 1)
+    depth_s = min_depth + min(max_depth - min_depth, floor(ramp(s, shallow_below, deep_above) * (max_depth - min_depth + 1)))
+    width   = max_width - min(max_width - min_width, floor(ramp(s, wide_below, narrow_above) * (max_width - min_width + 1)))
+              (width = 1 in mode "chain")
+
+    cap      = min(max_nodes, max(min_nodes, batch_node_budget // batch_size), node_cap)
+    depth    = min(depth_s, cap)
+    capacity = width + (depth - 1) * width**2      nodes a depth x width EAGLE-2 build creates
+    nodes    = clamp(depth * width, min(max(depth, min_nodes), cap, capacity), min(cap, capacity))
+
+So a confident drafter with a good history gets a deep narrow tree (a chain above
+``narrow_above``), an unsure one a shallow wide tree, and the node count follows the shape
+(depth * width) instead of being a fixed budget redistributed. Guarantees (tested): depth is
+non-decreasing and width non-increasing in s; depth <= nodes <= min(max_nodes, batch cap,
+node_cap, capacity); nodes and depth are non-increasing in batch_size; a chain has nodes == depth.
+A hardware ``node_cap`` below ``min_depth`` wins over ``min_depth``.
+
+Lossy budget: ``promotion_allowance()`` is how many margin promotions the next step may use,
+min(max_promotions_per_step, max_promotions_per_window - promotions in the previous
+history_window - 1 steps), so no run of ``history_window`` consecutive steps ever holds more
+than ``max_promotions_per_window`` promotions; it is 0 when tau = 1 or while the acceptance
+rate is below ``promotion_min_acceptance``.
+
+Everything is O(1) per step and a policy is a few Python numbers plus a bounded deque.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from vllm_adaptivespec.config import AdaptiveSpecConfig
+
+
+def tree_capacity(depth: int, width: int) -> int:
+    """Nodes a level-by-level build creates: ``width`` children of the root, then ``width``
+    children for each of the ``width`` frontier nodes on every further level."""
+    if depth <= 0:
+        return 0
+    return width + (depth - 1) * width * width
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Shape of one sequence's draft tree for one step. depth 0 (nodes 0) means: no draft."""
+
+    depth: int
+    width: int
+    nodes: int
+
+    def __post_init__(self) -> None:
+        if self.depth < 0 or self.width < 1:
+            raise ValueError(f"TreeShape needs depth >= 0 and width >= 1 (got {self})")
+        if not self.depth <= self.nodes <= tree_capacity(self.depth, self.width):
+            raise ValueError(
+                f"TreeShape needs depth <= nodes <= capacity {tree_capacity(self.depth, self.width)} (got {self})"
+            )
+
+    @property
+    def is_chain(self) -> bool:
+        return self.width == 1
+
+
+def _ramp(signal: float, low: float, high: float) -> float:
+    return min(1.0, max(0.0, (signal - low) / (high - low)))
+
+
+class SequencePolicy:
+    """Shape decisions and acceptance history for one request."""
+
+    __slots__ = ("config", "_window", "_sum_accepted", "_sum_trials", "_sum_promoted", "totals")
+
+    def __init__(self, config: AdaptiveSpecConfig):
+        self.config = config
+        self._window: deque[tuple[int, int, int]] = deque(maxlen=config.history_window)
+        self._sum_accepted = 0
+        self._sum_trials = 0
+        self._sum_promoted = 0
+        # Lifetime counters for metrics: steps, drafted, accepted, promoted.
+        self.totals = [0, 0, 0, 0]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Per-position acceptance over the window (``prior_acceptance`` before any judged position)."""
+        if self._sum_trials == 0:
+            return self.config.prior_acceptance
+        return self._sum_accepted / self._sum_trials
+
+    def signal(self, confidence: float) -> float:
+        """Fused signal in [0, 1] from this step's drafter top-1 confidence and the history."""
+        confidence = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, float(confidence)))
+        weight = self.config.confidence_weight
+        return min(1.0, weight * confidence + (1.0 - weight) * self.acceptance_rate)
+
+    def shape(self, confidence: float, batch_size: int = 1, node_cap: int | None = None) -> TreeShape:
+        """The draft tree shape for this step."""
+        return self.shape_for_signal(self.signal(confidence), batch_size, node_cap)
+
+    def shape_for_signal(self, signal: float, batch_size: int = 1, node_cap: int | None = None) -> TreeShape:
+        """The shape formula of the module docstring, for an already fused signal."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+        if node_cap is not None and node_cap < 1:
+            raise ValueError(f"node_cap must be >= 1 or None (got {node_cap})")
+        cfg = self.config
+        depth_span = cfg.max_depth - cfg.min_depth
+        depth = cfg.min_depth + min(
+            depth_span, math.floor(_ramp(signal, cfg.shallow_below, cfg.deep_above) * (depth_span + 1))
+        )
+        if cfg.mode == "chain":
+            width = 1
+        else:
+            width_span = cfg.max_width - cfg.min_width
+            width = cfg.max_width - min(
+                width_span, math.floor(_ramp(signal, cfg.wide_below, cfg.narrow_above) * (width_span + 1))
+            )
+        cap = min(cfg.max_nodes, max(cfg.min_nodes, cfg.batch_node_budget // batch_size))
+        if node_cap is not None:
+            cap = min(cap, node_cap)
+        depth = min(depth, cap)
+        upper = min(cap, tree_capacity(depth, width))
+        lower = min(max(depth, cfg.min_nodes), upper)
+        nodes = min(max(depth * width, lower), upper)
+        return TreeShape(depth, width, nodes)
+
+    def observe(self, drafted: int, accepted: int, promoted: int) -> None:
+        """Record one verified step: ``drafted`` = the tree's depth (most tokens that could be
+        accepted), ``accepted`` = accepted draft tokens (promotions included), ``promoted`` = how
+        many of those the margin rule promoted. A step with drafted == 0 is ignored."""
+        if not 0 <= accepted <= drafted or not 0 <= promoted <= accepted:
+            raise ValueError(
+                f"observe needs 0 <= promoted <= accepted <= drafted (got {drafted=}, {accepted=}, {promoted=})"
+            )
+        if drafted == 0:
+            return
+        trials = accepted + (1 if accepted < drafted else 0)
+        if len(self._window) == self._window.maxlen:
+            old_accepted, old_trials, old_promoted = self._window[0]
+            self._sum_accepted -= old_accepted
+            self._sum_trials -= old_trials
+            self._sum_promoted -= old_promoted
+        self._window.append((accepted, trials, promoted))
+        self._sum_accepted += accepted
+        self._sum_trials += trials
+        self._sum_promoted += promoted
+        totals = self.totals
+        totals[0] += 1
+        totals[1] += drafted
+        totals[2] += accepted
+        totals[3] += promoted
+
+    def promotion_allowance(self) -> int:
+        """Margin promotions the next step may use (see the lossy budget in the module docstring)."""
+        cfg = self.config
+        if cfg.lossless or self.acceptance_rate < cfg.promotion_min_acceptance:
+            return 0
+        recent = self._sum_promoted
+        if len(self._window) == self._window.maxlen:
+            recent -= self._window[0][2]  # that step leaves the window when the next one enters
+        return max(0, min(cfg.max_promotions_per_step, cfg.max_promotions_per_window - recent))
+
+
+class PolicyBank:
+    """One SequencePolicy per live request, created on first use and dropped by ``free``."""
+
+    def __init__(self, config: AdaptiveSpecConfig):
+        self.config = config
+        self._policies: dict[str, SequencePolicy] = {}
+
+    def __getitem__(self, req_id: str) -> SequencePolicy:
+        policy = self._policies.get(req_id)
+        if policy is None:
+            policy = self._policies[req_id] = SequencePolicy(self.config)
+        return policy
+
+    def get(self, req_id: str, config: AdaptiveSpecConfig | None = None) -> SequencePolicy:
+        """The request's policy; created with ``config`` (a per-request override) if new."""
+        policy = self._policies.get(req_id)
+        if policy is None:
+            policy = self._policies[req_id] = SequencePolicy(config or self.config)
+        return policy
+
+    def free(self, req_id: str) -> None:
+        self._policies.pop(req_id, None)
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._policies
+
+    def __len__(self) -> int:
+        return len(self._policies)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._policies)
