@@ -1,0 +1,235 @@
+"""Verification of padded draft trees against the target, with the margin rule.
+
+Rows of the target distribution: ``[B, N+1, V]``, row 0 = after the context (for children of
+the root), row i+1 = after node i; node i is judged by row ``parents[i] + 1``.
+
+Margin rule: a node whose token is not the target's top-1 is still accepted ("promoted") when
+``p(token) / p(top1) >= tau`` with ``tau < 1``. With tau >= 1 (or no allowance left) nothing is
+promoted and verification is exact: greedy = strict argmax matching, sampled = exact
+speculative rejection sampling. A path may use at most ``promotion_allowance[b]`` promotions.
+
+Greedy: every node that matches or is promotable is accepted; the result is the longest
+accepted root-to-node path whose promotions fit the allowance, ties broken by the cumulative
+target log-probability of the path (only computed when a promotion is possible; without one,
+equally long matching paths differ only by duplicate sibling tokens and the lowest index wins),
+then by the lowest node index. The next token is the target's argmax after that path.
+
+Sampled, deterministic drafts (one-hot q): recursive rejection over siblings in index order;
+after rejecting siblings t_1..t_{j-1} the residual is p with those tokens removed, so child j
+passes with probability p(t_j) / (1 - sum_{i<j} p(t_i)) (a duplicate token never passes). The
+first passing child is taken; if none passes, the rejected child with the largest p(token) that
+satisfies the margin test is promoted (when the allowance permits); otherwise the walk stops
+and the next token is drawn from the residual (p without the children's tokens; p itself at a
+leaf). This is exactly distribution preserving when nothing is promoted. With ``draft_probs``
+(chains only) a child passes with min(1, p/q) and the residual is norm(max(p - q, 0)).
+Every node's pass/fail is decided up front from one uniform draw per node, so the walk is a
+few batched tensor ops plus one loop over depth levels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_adaptivespec.tree import DraftTrees
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification step for a batch."""
+
+    accepted_nodes: torch.Tensor  # [B, D] node indices along the accepted path, -1 padded
+    accepted_tokens: torch.Tensor  # [B, D] their tokens, -1 padded
+    promoted: torch.Tensor  # [B, D] bool: this accepted position was promoted by the margin rule
+    num_accepted: torch.Tensor  # [B]
+    next_token: torch.Tensor  # [B] bonus (after a full path) or correction token
+    num_promoted: torch.Tensor  # [B]
+
+    def output_tokens(self) -> torch.Tensor:
+        """[B, D+1]: accepted tokens, then the next token, -1 padded (vLLM's rejection-sampler rows)."""
+        batch, depth = self.accepted_tokens.shape
+        out = torch.full((batch, depth + 1), -1, dtype=torch.long, device=self.next_token.device)
+        out[:, :depth] = self.accepted_tokens
+        out.scatter_(1, self.num_accepted[:, None], self.next_token[:, None])
+        return out
+
+
+def _per_sequence(value, batch: int, dtype: torch.dtype, device: torch.device, default) -> torch.Tensor:
+    if value is None:
+        value = default
+    return torch.as_tensor(value, dtype=dtype, device=device).expand(batch).clone()
+
+
+def _check_rows(target: torch.Tensor, trees: DraftTrees) -> None:
+    batch, slots = trees.tokens.shape
+    if target.dim() != 3 or target.shape[:2] != (batch, slots + 1):
+        raise ValueError(f"target rows must be [B={batch}, N+1={slots + 1}, V], got {tuple(target.shape)}")
+
+
+def _choose_path(
+    trees: DraftTrees, ok: torch.Tensor, cost: torch.Tensor, score: torch.Tensor | None, allowance: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deepest node whose whole root path is ``ok`` and costs <= allowance; ties by path score, then index.
+
+    Returns (best node or -1 [B], number accepted [B], promotions used [B], path nodes [B, D])."""
+    parents, depths = trees.parents, trees.depths
+    batch, slots = parents.shape
+    if slots == 0:
+        none = torch.full((batch,), -1, dtype=torch.long, device=parents.device)
+        return none, torch.zeros_like(none), torch.zeros_like(none), parents.new_zeros(batch, 0)
+    has_parent = parents >= 0
+    safe_parent = parents.clamp(min=0)
+    path_ok, path_cost, path_score = ok, cost, score
+    for _ in range(max(0, trees.max_depth - 1)):
+        path_ok = ok & torch.where(has_parent, path_ok.gather(1, safe_parent), True)
+        path_cost = cost + torch.where(has_parent, path_cost.gather(1, safe_parent), 0)
+        if score is not None:
+            path_score = score + torch.where(has_parent, path_score.gather(1, safe_parent), 0.0)
+    eligible = path_ok & (path_cost <= allowance[:, None])
+    num_accepted = torch.where(eligible, depths, 0).amax(1)
+    deepest = eligible & (depths == num_accepted[:, None])
+    if score is None:
+        best = deepest.to(torch.int8).argmax(1)
+    else:
+        best = torch.where(deepest, path_score, float("-inf")).argmax(1)
+    found = num_accepted > 0
+    best = torch.where(found, best, -1)
+    safe_best = best.clamp(min=0)[:, None]
+    used = torch.where(found, path_cost.gather(1, safe_best)[:, 0], 0)
+
+    depth = trees.max_depth
+    nodes = torch.full((batch, depth + 1), -1, dtype=torch.long, device=parents.device)
+    current = best
+    for _ in range(depth):
+        has = current >= 0
+        safe = current.clamp(min=0)[:, None]
+        column = torch.where(has, depths.gather(1, safe)[:, 0] - 1, depth)
+        nodes.scatter_(1, column[:, None], current[:, None])
+        current = torch.where(has, parents.gather(1, safe)[:, 0], -1)
+    return best, num_accepted, used, nodes[:, :depth]
+
+
+def _result(
+    trees: DraftTrees, path: torch.Tensor, promotable: torch.Tensor, num_accepted, next_token, num_promoted
+) -> VerifyResult:
+    on_path = path >= 0
+    safe = path.clamp(min=0)
+    return VerifyResult(
+        accepted_nodes=path,
+        accepted_tokens=torch.where(on_path, trees.tokens.gather(1, safe), -1),
+        promoted=on_path & promotable.gather(1, safe),
+        num_accepted=num_accepted,
+        next_token=next_token,
+        num_promoted=num_promoted,
+    )
+
+
+def verify_greedy(
+    target_logits: torch.Tensor,
+    trees: DraftTrees,
+    tau: float | torch.Tensor = 1.0,
+    promotion_allowance: torch.Tensor | None = None,
+) -> VerifyResult:
+    """Greedy (temperature 0) verification; ``target_logits`` [B, N+1, V] (see the module docstring)."""
+    _check_rows(target_logits, trees)
+    batch, slots = trees.tokens.shape
+    device = target_logits.device
+    valid = trees.node_mask
+    rows = torch.where(valid, trees.parents + 1, 0)
+    tokens = trees.tokens
+    batch_index = torch.arange(batch, device=device)[:, None]
+
+    top = target_logits.argmax(-1)  # [B, N+1]; first index on ties, exactly like greedy decoding
+    top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float()
+    token_logit = target_logits[batch_index, rows, tokens].float()
+    match = valid & (tokens == top.gather(1, rows))
+
+    tau_t = _per_sequence(tau, batch, torch.float64, device, 1.0)
+    allowance = _per_sequence(promotion_allowance, batch, torch.long, device, slots)
+    can_promote = (tau_t < 1.0) & (allowance > 0)
+    ratio = (token_logit - top_logit.gather(1, rows)).double().exp()
+    promotable = valid & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
+
+    score = None
+    if bool(can_promote.any()):
+        log_norm = torch.logsumexp(target_logits.float(), dim=-1)
+        score = torch.where(valid, token_logit - log_norm.gather(1, rows), 0.0)
+    best, num_accepted, used, path = _choose_path(trees, match | promotable, promotable.long(), score, allowance)
+    next_token = top.gather(1, (best + 1)[:, None])[:, 0]
+    return _result(trees, path, promotable, num_accepted, next_token, used)
+
+
+def verify_sampled(
+    target_probs: torch.Tensor,
+    trees: DraftTrees,
+    tau: float | torch.Tensor = 1.0,
+    promotion_allowance: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> VerifyResult:
+    """Speculative rejection sampling over trees; ``target_probs`` [B, N+1, V] already processed
+    (temperature, top-p, ...). ``uniforms`` [B, N] replaces the per-node random draws (for tests)."""
+    _check_rows(target_probs, trees)
+    batch, slots = trees.tokens.shape
+    device = target_probs.device
+    valid = trees.node_mask
+    parents, tokens = trees.parents, trees.tokens
+    rows = torch.where(valid, parents + 1, 0)
+    batch_index = torch.arange(batch, device=device)[:, None]
+
+    p_token = torch.where(valid, target_probs[batch_index, rows, tokens].float(), 0.0)
+    p_top = target_probs.amax(-1).float().gather(1, rows)
+    same_parent = valid[:, :, None] & valid[:, None, :] & (parents[:, :, None] == parents[:, None, :])
+    earlier = same_parent & torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)
+
+    if draft_probs is None:
+        duplicate = (earlier & (tokens[:, :, None] == tokens[:, None, :])).any(-1)
+        p_fresh = torch.where(duplicate, 0.0, p_token)
+        mass_before = torch.bmm(earlier.float(), p_fresh.unsqueeze(-1)).squeeze(-1)
+        pass_prob = p_fresh / (1.0 - mass_before).clamp(min=1e-30)
+    else:
+        if bool(earlier.any()):
+            raise ValueError("verify_sampled with draft_probs supports chains only (a node has siblings)")
+        q_token = torch.where(valid, draft_probs[batch_index, torch.arange(slots, device=device), tokens].float(), 1.0)
+        pass_prob = p_token / q_token.clamp(min=1e-30)
+    if uniforms is None:
+        uniforms = torch.rand(batch, slots, generator=generator, device=device)
+    passed = valid & (uniforms < pass_prob.clamp(max=1.0))
+    first_pass = passed & ~(earlier & passed[:, None, :]).any(-1)
+
+    tau_t = _per_sequence(tau, batch, torch.float64, device, 1.0)
+    allowance = _per_sequence(promotion_allowance, batch, torch.long, device, slots)
+    can_promote = (tau_t < 1.0) & (allowance > 0)
+    sibling_passed = (same_parent & passed[:, None, :]).any(-1)
+    margin_ok = (p_token.double() / p_top.double().clamp(min=1e-300)) >= tau_t[:, None]
+    promotable = valid & can_promote[:, None] & margin_ok & ~sibling_passed
+    # Among promotable siblings keep the one with the largest p(token), the lowest index on ties.
+    beaten = same_parent & promotable[:, None, :] & (
+        (p_token[:, None, :] > p_token[:, :, None])
+        | ((p_token[:, None, :] == p_token[:, :, None]) & earlier)
+    )
+    promoted = promotable & ~beaten.any(-1)
+
+    best, num_accepted, used, path = _choose_path(trees, first_pass | promoted, promoted.long(), None, allowance)
+
+    last_row = (best + 1)[:, None, None].expand(batch, 1, target_probs.shape[2])
+    residual = target_probs.gather(1, last_row)[:, 0].float()
+    children = valid & (parents == best[:, None])
+    if draft_probs is None:
+        vocab = residual.shape[1]
+        residual = torch.nn.functional.pad(residual, (0, 1))
+        residual.scatter_(1, torch.where(children, tokens, vocab), 0.0)
+        residual = residual[:, :vocab]
+    else:
+        child = (best + 1).clamp(max=max(slots - 1, 0))
+        has_child = children.any(1)
+        if slots:
+            q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, draft_probs.shape[2]))[:, 0].float()
+            residual = torch.where(has_child[:, None], (residual - q_child).clamp(min=0.0), residual)
+    empty = residual.sum(1, keepdim=True) <= 0
+    residual = torch.where(empty, target_probs.gather(1, last_row)[:, 0].float(), residual)
+    next_token = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    return _result(trees, path, promoted, num_accepted, next_token, used)
+

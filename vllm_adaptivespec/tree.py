@@ -1,0 +1,355 @@
+"""Draft trees for a batch: built level by level from the drafter's candidates, then flattened.
+
+Build (EAGLE-2 style, per sequence b with shape (depth_b, width_b, nodes_b)):
+  level 1: the root (the last committed token) gets the drafter's top-``width_b`` candidates;
+  level l > 1: each of the ``width_b`` frontier nodes gets its top-``width_b`` candidates;
+  the next frontier is the ``width_b`` best new nodes by cumulative draft log-prob.
+  At the end the ``nodes_b`` best nodes overall by cumulative log-prob are kept. Log-probs are
+  clamped to <= 0 so a child never outranks its parent, and ties keep creation order, so the
+  kept set is always ancestor-closed.
+
+Layout of the flattened, padded ``DraftTrees`` (the engine relies on it for cheap KV moves):
+  * ``parents[b, i] < i`` (topological); -1 = child of the root; -2 = padding;
+  * the top-1 chain (from the root, repeatedly the likeliest kept child) fills 0..k-1;
+  * the other kept nodes follow in (depth, -cumulative log-prob) order;
+  * valid nodes are 0..num_nodes[b]-1; padding has token 0, depth 0, cum log-prob -inf.
+A chain is the width-1 tree: same tensors, same code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from vllm_adaptivespec.policy import TreeShape
+
+ROOT = -1
+PAD = -2
+
+
+@dataclass
+class DraftTrees:
+    """A padded batch of flattened draft trees (see the module docstring for the layout)."""
+
+    tokens: torch.Tensor  # [B, N] long
+    parents: torch.Tensor  # [B, N] long
+    depths: torch.Tensor  # [B, N] long; children of the root have depth 1
+    cum_logprobs: torch.Tensor  # [B, N] float; sum of draft log-probs from the root
+    num_nodes: torch.Tensor  # [B] long
+    builder_ids: torch.Tensor | None = None  # [B, N] long: node ids of the TreeBuilder that made it, -1 pad
+    max_depth: int | None = None  # deepest node over the batch; computed when not given
+
+    def __post_init__(self) -> None:
+        if self.max_depth is None:
+            self.max_depth = int(self.depths.max().item()) if self.depths.numel() else 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        """N, the padded number of nodes per sequence."""
+        return self.tokens.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def node_mask(self) -> torch.Tensor:
+        """[B, N] bool: real (non-padding) nodes."""
+        return torch.arange(self.num_slots, device=self.device) < self.num_nodes[:, None]
+
+    def to(self, device: torch.device | str) -> DraftTrees:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return DraftTrees(
+            move(self.tokens),
+            move(self.parents),
+            move(self.depths),
+            move(self.cum_logprobs),
+            move(self.num_nodes),
+            move(self.builder_ids),
+            self.max_depth,
+        )
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[B, N, N] bool: mask[b, i, j] is True when node j is node i or one of its ancestors.
+
+        The root (last committed token) is not a node: every node also sees it and the context.
+        Padding nodes see only themselves, so no attention row is empty."""
+        batch, slots = self.parents.shape
+        mask = torch.zeros(batch, slots, slots + 1, dtype=torch.bool, device=self.device)
+        diagonal = torch.arange(slots, device=self.device)
+        mask[:, diagonal, diagonal] = True
+        current = self.parents
+        for _ in range(max(0, self.max_depth - 1)):
+            has = current >= 0
+            mask.scatter_(2, torch.where(has, current, slots).unsqueeze(-1), True)
+            current = torch.where(has, self.parents.gather(1, current.clamp(min=0)), ROOT)
+        return mask[:, :, :slots]
+
+    def positions(self, context_len: torch.Tensor) -> torch.Tensor:
+        """[B, N] token positions: ``context_len`` is the root's position (tokens already in the
+        KV cache); a node at depth d sits at context_len + d. Padding gets the root's position."""
+        return context_len.to(self.depths.device)[:, None] + self.depths
+
+    def paths(self) -> torch.Tensor:
+        """[B, L, D] root-to-leaf paths as node indices (-1 padded); leaves in index order, L = most leaves."""
+        batch, slots = self.parents.shape
+        valid = self.node_mask
+        has_child = torch.zeros(batch, slots + 1, dtype=torch.bool, device=self.device)
+        has_child.scatter_(1, torch.where(valid & (self.parents >= 0), self.parents, slots), True)
+        leaf = valid & ~has_child[:, :slots]
+        num_leaves = int(leaf.sum(1).max().item()) if slots else 0
+        leaves = (~leaf).to(torch.int8).argsort(dim=1, stable=True)[:, :num_leaves]
+        current = torch.where(leaf.gather(1, leaves), leaves, ROOT)
+        depth = self.max_depth
+        out = torch.full((batch, num_leaves, depth + 1), -1, dtype=torch.long, device=self.device)
+        for _ in range(depth):
+            has = current >= 0
+            safe = current.clamp(min=0)
+            column = torch.where(has, self.depths.gather(1, safe) - 1, depth)
+            out.scatter_(2, column.unsqueeze(-1), current.unsqueeze(-1))
+            current = torch.where(has, self.parents.gather(1, safe), ROOT)
+        return out[:, :, :depth]
+
+    def validate(self) -> None:
+        """Raise ValueError unless the tensors follow the documented layout (for tests and debugging)."""
+        batch, slots = self.tokens.shape
+        for name in ("parents", "depths", "cum_logprobs"):
+            if getattr(self, name).shape != (batch, slots):
+                raise ValueError(f"DraftTrees.{name} has shape {tuple(getattr(self, name).shape)}, want {(batch, slots)}")
+        valid = self.node_mask
+        index = torch.arange(slots, device=self.device)
+        if ((self.parents >= index) & valid).any() or ((self.parents < ROOT) & valid).any():
+            raise ValueError("DraftTrees.parents must satisfy -1 <= parents[i] < i for real nodes")
+        if ((self.parents != PAD) & ~valid).any():
+            raise ValueError("DraftTrees padding must have parent -2")
+        parent_depth = torch.where(self.parents >= 0, self.depths.gather(1, self.parents.clamp(min=0)), 0)
+        if ((self.depths != parent_depth + 1) & valid).any():
+            raise ValueError("DraftTrees.depths must be parent depth + 1 (children of the root: 1)")
+
+    @classmethod
+    def chain(
+        cls,
+        tokens: torch.Tensor,
+        num_nodes: torch.Tensor | None = None,
+        logprobs: torch.Tensor | None = None,
+    ) -> DraftTrees:
+        """Plain chains: ``tokens`` [B, K] drafted in order; optional lengths and per-token draft log-probs."""
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        batch, length = tokens.shape
+        device = tokens.device
+        index = torch.arange(length, device=device)
+        if num_nodes is None:
+            num_nodes = torch.full((batch,), length, dtype=torch.long, device=device)
+        num_nodes = torch.as_tensor(num_nodes, dtype=torch.long, device=device).clamp(0, length)
+        valid = index < num_nodes[:, None]
+        if logprobs is None:
+            cum = torch.zeros(batch, length, device=device)
+        else:
+            cum = torch.as_tensor(logprobs, dtype=torch.float32, device=device).clamp(max=0).cumsum(1)
+        depth = int(num_nodes.max().item()) if batch else 0
+        return cls(
+            tokens=torch.where(valid, tokens, 0),
+            parents=torch.where(valid, index - 1, PAD),
+            depths=torch.where(valid, index + 1, 0),
+            cum_logprobs=torch.where(valid, cum, float("-inf")),
+            num_nodes=num_nodes,
+            max_depth=depth,
+        )
+
+    @classmethod
+    def from_parents(
+        cls,
+        tokens: Sequence[Sequence[int]],
+        parents: Sequence[Sequence[int]],
+        logprobs: Sequence[Sequence[float]] | None = None,
+        device: torch.device | str | None = None,
+    ) -> DraftTrees:
+        """Trees given per sequence as token and parent lists (parents[i] in [-1, i)); log-probs
+        are each node's own draft log-prob. Only topological order is required here."""
+        batch = len(tokens)
+        slots = max((len(t) for t in tokens), default=0)
+        tok = torch.zeros(batch, slots, dtype=torch.long)
+        par = torch.full((batch, slots), PAD, dtype=torch.long)
+        dep = torch.zeros(batch, slots, dtype=torch.long)
+        cum = torch.full((batch, slots), float("-inf"))
+        for b in range(batch):
+            if len(parents[b]) != len(tokens[b]):
+                raise ValueError(f"sequence {b}: {len(tokens[b])} tokens but {len(parents[b])} parents")
+            depths: list[int] = []
+            sums: list[float] = []
+            for i, p in enumerate(parents[b]):
+                if not ROOT <= p < i:
+                    raise ValueError(f"sequence {b}: parent of node {i} is {p}, must be in [-1, {i})")
+                own = min(0.0, float(logprobs[b][i])) if logprobs is not None else 0.0
+                depths.append(1 if p < 0 else depths[p] + 1)
+                sums.append(own if p < 0 else sums[p] + own)
+            n = len(tokens[b])
+            tok[b, :n] = torch.tensor(list(tokens[b]), dtype=torch.long)
+            par[b, :n] = torch.tensor(list(parents[b]), dtype=torch.long)
+            dep[b, :n] = torch.tensor(depths, dtype=torch.long)
+            cum[b, :n] = torch.tensor(sums)
+        num = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        trees = cls(tok, par, dep, cum, num)
+        return trees if device is None else trees.to(device)
+
+
+class TreeBuilder:
+    """Builds a batch of draft trees level by level; one ``add_level`` call per drafter step.
+
+    Node ids handed out by ``frontier()`` number the nodes in creation order (level by level);
+    ``DraftTrees.builder_ids`` maps the final layout back to them."""
+
+    def __init__(self, shapes: Sequence[TreeShape], device: torch.device | str | None = None):
+        self.shapes = list(shapes)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        batch = len(self.shapes)
+        self.max_depth = max((s.depth for s in self.shapes), default=0)
+        self.max_width = max((s.width for s in self.shapes), default=1)
+        dims = torch.tensor([[s.depth, s.width, s.nodes] for s in self.shapes], dtype=torch.long).reshape(batch, 3)
+        self._depth, self._width, self._nodes = dims.to(self.device).unbind(1)
+        self._slot = torch.arange(self.max_width, device=self.device)
+        self.level = 0
+        self._frontier_ids = torch.full((batch, 1), ROOT, dtype=torch.long, device=self.device)
+        self._frontier_valid = (self._depth >= 1).unsqueeze(1)
+        self._frontier_cum = torch.zeros(batch, 1, device=self.device)
+        self._levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._size = 0
+
+    @property
+    def done(self) -> bool:
+        return self.level >= self.max_depth
+
+    def frontier(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, F] node ids to expand next, -1 = the root or padding; [B, F] bool: really expand)."""
+        return self._frontier_ids, self._frontier_valid
+
+    def frontier_tokens(self) -> torch.Tensor:
+        """[B, F] tokens of the frontier nodes (0 for the root and padding)."""
+        if not self._levels:
+            return torch.zeros_like(self._frontier_ids)
+        tokens = torch.cat([level[0] for level in self._levels], dim=1)
+        return torch.where(self._frontier_ids >= 0, tokens.gather(1, self._frontier_ids.clamp(min=0)), 0)
+
+    def nodes_so_far(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """([B, P] tokens, [B, P] parent ids (-1 root), [B, P] bool valid) of every node created so far,
+        indexed by node id: what the drafter's own tree attention needs between levels."""
+        if not self._levels:
+            empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=self.device)
+            return empty, empty, empty.bool()
+        return (
+            torch.cat([level[0] for level in self._levels], dim=1),
+            torch.cat([level[2] for level in self._levels], dim=1),
+            torch.cat([level[3] for level in self._levels], dim=1),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.shapes)
+
+    def add_level(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor) -> None:
+        """Expand the frontier: ``cand_tokens`` / ``cand_logprobs`` are [B, F, K] (any K >= 1), the
+        drafter's candidates for each frontier node; each sequence uses its best ``width`` of them.
+        Non-finite log-probs mark a candidate as absent."""
+        if self.done:
+            raise RuntimeError(f"all {self.max_depth} levels are already built")
+        batch, frontier = self._frontier_ids.shape
+        if cand_tokens.shape[:2] != (batch, frontier) or cand_logprobs.shape != cand_tokens.shape:
+            raise ValueError(
+                f"candidates must be [B={batch}, F={frontier}, K]; got tokens {tuple(cand_tokens.shape)} "
+                f"and log-probs {tuple(cand_logprobs.shape)}"
+            )
+        width = self.max_width
+        logprobs = cand_logprobs.to(device=self.device, dtype=torch.float32)
+        tokens = cand_tokens.to(device=self.device, dtype=torch.long)
+        if logprobs.shape[2] > 1:
+            logprobs, order = logprobs.sort(dim=2, descending=True, stable=True)
+            tokens = tokens.gather(2, order)
+        logprobs, tokens = logprobs[:, :, :width], tokens[:, :, :width]
+        if logprobs.shape[2] < width:
+            missing = width - logprobs.shape[2]
+            logprobs = torch.nn.functional.pad(logprobs, (0, missing), value=float("-inf"))
+            tokens = torch.nn.functional.pad(tokens, (0, missing), value=0)
+        valid = (
+            self._frontier_valid.unsqueeze(2)
+            & (self._slot < self._width[:, None, None])
+            & torch.isfinite(logprobs)
+        )
+        cum = self._frontier_cum.unsqueeze(2) + logprobs.clamp(max=0.0)
+        cum = torch.where(valid, cum, float("-inf")).reshape(batch, frontier * width)
+        valid = valid.reshape(batch, frontier * width)
+        tokens = torch.where(valid, tokens.reshape(batch, frontier * width), 0)
+        parents = self._frontier_ids.unsqueeze(2).expand(batch, frontier, width).reshape(batch, frontier * width)
+        ids = self._size + torch.arange(frontier * width, device=self.device)
+        self._levels.append((tokens, cum, parents, valid))
+        self._size += frontier * width
+        self.level += 1
+
+        best_cum, best = cum.sort(dim=1, descending=True, stable=True)
+        best_cum, best = best_cum[:, :width], best[:, :width]
+        self._frontier_valid = (
+            (self._slot < self._width[:, None]) & torch.isfinite(best_cum) & (self.level < self._depth[:, None])
+        )
+        self._frontier_ids = torch.where(self._frontier_valid, ids[best], ROOT)
+        self._frontier_cum = torch.where(self._frontier_valid, best_cum, 0.0)
+
+    def finish(self) -> DraftTrees:
+        """Keep each sequence's best ``nodes`` nodes and flatten them into the documented layout."""
+        batch, device = self.batch_size, self.device
+        if not self._levels:
+            empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
+            return DraftTrees(
+                empty, empty.clone(), empty.clone(), empty.float(), torch.zeros(batch, dtype=torch.long, device=device),
+                empty.clone(), 0,
+            )
+        tokens, cum, parents, valid = (torch.cat(parts, dim=1) for parts in zip(*self._levels))
+        pool = tokens.shape[1]
+        depth = torch.cat(
+            [torch.full((level[0].shape[1],), i + 1, dtype=torch.long, device=device) for i, level in enumerate(self._levels)]
+        )
+        pool_index = torch.arange(pool, device=device)
+
+        # Rank by cumulative log-prob; the stable sort keeps creation order on ties, so ancestors come first.
+        order = cum.sort(dim=1, descending=True, stable=True)[1]
+        rank = torch.empty_like(order).scatter_(1, order, pool_index.expand(batch, pool))
+        num_nodes = torch.minimum(self._nodes, valid.sum(1))
+        keep = valid & (rank < num_nodes[:, None])
+
+        # Top-1 chain: from the root, the kept child with the best cumulative log-prob (first on ties).
+        on_chain = torch.zeros(batch, pool, dtype=torch.bool, device=device)
+        current = torch.full((batch,), ROOT, dtype=torch.long, device=device)
+        start = 0
+        for level_tokens, _, _, _ in self._levels:
+            stop = start + level_tokens.shape[1]
+            child = keep[:, start:stop] & (parents[:, start:stop] == current[:, None])
+            best = torch.where(child, cum[:, start:stop], float("-inf")).argmax(1)
+            has = child.any(1)
+            on_chain[:, start:stop].scatter_(1, best[:, None], has[:, None])
+            current = torch.where(has, start + best, PAD)
+            start = stop
+
+        group = torch.where(on_chain, 0, torch.where(keep, 1, 2))
+        key = (group * (self.max_depth + 1) + depth) * pool + rank
+        layout = key.argsort(dim=1)
+        slots = int(num_nodes.max().item()) if batch else 0
+        position = torch.empty_like(layout).scatter_(1, layout, pool_index.expand(batch, pool))
+        chosen = layout[:, :slots]
+        real = torch.arange(slots, device=device) < num_nodes[:, None]
+        chosen_parents = parents.gather(1, chosen)
+        new_parents = torch.where(chosen_parents >= 0, position.gather(1, chosen_parents.clamp(min=0)), ROOT)
+        return DraftTrees(
+            tokens=torch.where(real, tokens.gather(1, chosen), 0),
+            parents=torch.where(real, new_parents, PAD),
+            depths=torch.where(real, depth.expand(batch, pool).gather(1, chosen), 0),
+            cum_logprobs=torch.where(real, cum.gather(1, chosen), float("-inf")),
+            num_nodes=num_nodes,
+            builder_ids=torch.where(real, chosen, -1),
+            max_depth=None,
+        )
