@@ -9,7 +9,7 @@
 #   SPEC_METHOD             draft_model (default) | eagle3
 #   NUM_SPEC_TOKENS         draft tokens per step (the tree's maximum node budget); default 8
 #   ADAPTIVESPEC=0          plain speculative decoding without AdaptiveSpec (for A/B runs); default 1
-#   ADAPTIVESPEC_TAU        margin threshold, 0..1 (1 = lossless)
+#   ADAPTIVESPEC_TAU        margin threshold in (0, 1]; 1 = lossless
 #   ADAPTIVESPEC_MAX_DEPTH  maximum draft tree depth, a positive integer
 #   ADAPTIVESPEC_CONFIG     raw JSON object of AdaptiveSpec settings; TAU/MAX_DEPTH above override its keys
 #   HOST, PORT              listen address; default 0.0.0.0:8000
@@ -21,8 +21,8 @@ set -euo pipefail
 
 die() { echo "entrypoint: $*" >&2; exit 64; }
 is_uint() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
-is_unit_float() {  # a plain decimal number in [0, 1]
-  [[ "$1" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v v="$1" 'BEGIN { exit !(v >= 0 && v <= 1) }'
+is_unit_float() {  # a plain decimal number in (0, 1]
+  [[ "$1" =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && awk -v v="$1" 'BEGIN { exit !(v > 0 && v <= 1) }'
 }
 
 PYTHON="${PYTHON:-python3}"
@@ -44,7 +44,7 @@ case "$SPEC_METHOD" in draft_model|eagle3) ;; *) die "SPEC_METHOD=$SPEC_METHOD: 
 case "$ADAPTIVESPEC" in 0|1) ;; *) die "ADAPTIVESPEC=$ADAPTIVESPEC: expected 0 or 1" ;; esac
 is_uint "$NUM_SPEC_TOKENS" || die "NUM_SPEC_TOKENS=$NUM_SPEC_TOKENS: expected a positive integer"
 if [ -n "${ADAPTIVESPEC_TAU:-}" ]; then
-  is_unit_float "$ADAPTIVESPEC_TAU" || die "ADAPTIVESPEC_TAU=$ADAPTIVESPEC_TAU: expected a number between 0 and 1"
+  is_unit_float "$ADAPTIVESPEC_TAU" || die "ADAPTIVESPEC_TAU=$ADAPTIVESPEC_TAU: expected a number in (0, 1]; 1 = lossless"
 fi
 if [ -n "${ADAPTIVESPEC_MAX_DEPTH:-}" ]; then
   is_uint "$ADAPTIVESPEC_MAX_DEPTH" || die "ADAPTIVESPEC_MAX_DEPTH=$ADAPTIVESPEC_MAX_DEPTH: expected a positive integer"
@@ -76,6 +76,15 @@ if enabled == "1":
         settings["tau"] = float(tau)
     if depth:
         settings["max_depth"] = int(depth)
+    try:  # the plugin's own validation, so a bad setting stops the container before the model loads
+        from vllm_adaptivespec.config import AdaptiveSpecConfig, AdaptiveSpecConfigError
+    except ImportError:
+        pass  # only for dry runs outside the images; the images install the package
+    else:
+        try:
+            AdaptiveSpecConfig.parse(settings)
+        except AdaptiveSpecConfigError as exc:
+            sys.exit(f"entrypoint: {exc}")
     print(json.dumps({"adaptivespec": settings}, separators=(",", ":")))
 PY
   )" || exit 64
