@@ -40,6 +40,14 @@ class AdaptiveSpecConfig(BaseModel):
         "1 turns the margin rule off (lossless).",
     )
 
+    min_request_tau: float = Field(
+        0.3,
+        gt=0.0,
+        le=1.0,
+        description="Loosest tau a single request may ask for (vllm_xargs adaptivespec_tau); requests may "
+        "always ask for 1 (lossless).",
+    )
+
     min_depth: int = Field(1, ge=1, le=64, description="Shallowest draft (tokens).")
     max_depth: int = Field(6, ge=1, le=64, description="Deepest draft (tokens).")
     min_width: int = Field(1, ge=1, le=16, description="Fewest children per expanded node.")

@@ -1,0 +1,122 @@
+"""AdaptiveSpec metrics on vLLM's own Prometheus endpoint and spec-decode log line.
+
+Path of a step's numbers: worker (`StepStats` on the ModelRunnerOutput) -> scheduler (copied into
+that step's `SpecDecodingStats`, which vLLM already ships to the front end) -> front end
+(`SpecDecodingProm` counters/histogram, `SpecDecodingLogging` line). `SpecDecodingStats` gets two
+extra dataclass fields in every process before any msgpack decoder is built, so they travel with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import prometheus_client
+from vllm.v1.spec_decode import metrics as vllm_sd_metrics
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+from vllm_adaptivespec.engine.patching import wrap
+
+PROMOTED = "vllm:adaptivespec_promoted_tokens"
+DEPTH = "vllm:adaptivespec_draft_depth"
+_EXTRA_FIELDS = {"adaptivespec_promoted": (int, 0), "adaptivespec_depth_counts": (list[int], None)}
+
+
+def extend_spec_decoding_stats() -> None:
+    """Add our fields to vLLM's SpecDecodingStats dataclass (msgspec then encodes/decodes them)."""
+    cls = vllm_sd_metrics.SpecDecodingStats
+    for name, (typ, default) in _EXTRA_FIELDS.items():
+        if name in cls.__dataclass_fields__:
+            continue
+        f = dataclasses.field(default=default)
+        f.name, f.type, f._field_type = name, typ, dataclasses._FIELD  # type: ignore[attr-defined]
+        cls.__dataclass_fields__[name] = f
+        cls.__annotations__[name] = typ
+        setattr(cls, name, default)
+
+
+def add_step_stats(spec_decoding_stats, step) -> None:
+    """Scheduler side: fold one step's worker stats into the step's SpecDecodingStats."""
+    spec_decoding_stats.adaptivespec_promoted = spec_decoding_stats.adaptivespec_promoted + step.promoted
+    counts = list(spec_decoding_stats.adaptivespec_depth_counts or [])
+    for depth, n in enumerate(step.depth_counts):
+        if depth >= len(counts):
+            counts.extend([0] * (depth + 1 - len(counts)))
+        counts[depth] += n
+    spec_decoding_stats.adaptivespec_depth_counts = counts
+
+
+def install_frontend_metrics() -> None:
+    """Prometheus counter + histogram, and the extra figures on vLLM's spec-decode log line."""
+    prom_cls = vllm_sd_metrics.SpecDecodingProm
+    logging_cls = vllm_sd_metrics.SpecDecodingLogging
+
+    @wrap(prom_cls, "__init__", "create AdaptiveSpec counters beside vLLM's spec-decode counters")
+    def __init__(original, self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
+        original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
+        self.adaptivespec_promoted = None
+        if not self.spec_decoding_enabled or speculative_config is None:
+            return
+        self.adaptivespec_promoted = create_metric_per_engine(
+            prometheus_client.Counter(
+                name=PROMOTED,
+                documentation="Draft tokens accepted by AdaptiveSpec's margin rule that strict "
+                "verification would have rejected.",
+                labelnames=labelnames,
+            ),
+            per_engine_labelvalues,
+        )
+        max_depth = int(speculative_config.num_speculative_tokens)
+        self.adaptivespec_depth = create_metric_per_engine(
+            prometheus_client.Histogram(
+                name=DEPTH,
+                documentation="Draft depth AdaptiveSpec's policy chose per request and step.",
+                labelnames=labelnames,
+                buckets=[float(d) for d in range(max_depth + 1)],
+            ),
+            per_engine_labelvalues,
+        )
+
+    @wrap(prom_cls, "observe", "feed AdaptiveSpec counters from the step's SpecDecodingStats")
+    def observe(original, self, spec_decoding_stats, engine_idx=0, *args, **kwargs):
+        original(self, spec_decoding_stats, engine_idx, *args, **kwargs)
+        if getattr(self, "adaptivespec_promoted", None) is None:
+            return
+        self.adaptivespec_promoted[engine_idx].inc(spec_decoding_stats.adaptivespec_promoted)
+        histogram = self.adaptivespec_depth[engine_idx]
+        for depth, n in enumerate(spec_decoding_stats.adaptivespec_depth_counts or []):
+            for _ in range(n):
+                histogram.observe(depth)
+
+    @wrap(logging_cls, "reset", "also reset AdaptiveSpec's log-line accumulators")
+    def reset(original, self):
+        original(self)
+        self.adaptivespec_promoted = 0
+        self.adaptivespec_depth_counts = np.zeros(0, dtype=np.int64)
+
+    @wrap(logging_cls, "observe", "accumulate AdaptiveSpec figures for the periodic log line")
+    def log_observe(original, self, spec_decoding_stats):
+        original(self, spec_decoding_stats)
+        self.adaptivespec_promoted += spec_decoding_stats.adaptivespec_promoted
+        counts = np.asarray(spec_decoding_stats.adaptivespec_depth_counts or [], dtype=np.int64)
+        if counts.size:
+            size = max(counts.size, self.adaptivespec_depth_counts.size)
+            total = np.zeros(size, dtype=np.int64)
+            total[: counts.size] += counts
+            total[: self.adaptivespec_depth_counts.size] += self.adaptivespec_depth_counts
+            self.adaptivespec_depth_counts = total
+
+    @wrap(logging_cls, "log", "append AdaptiveSpec figures to vLLM's spec-decode log line")
+    def log(original, self, log_fn=vllm_sd_metrics.logger.info):
+        promoted, counts = self.adaptivespec_promoted, self.adaptivespec_depth_counts
+        had_drafts = bool(self.num_drafts)
+        original(self, log_fn)
+        if had_drafts and counts.size:
+            mean_depth = float((counts * np.arange(counts.size)).sum() / max(counts.sum(), 1))
+            log_fn(
+                "AdaptiveSpec metrics: Margin-promoted tokens: %d, Mean chosen depth: %.2f, "
+                "Depth histogram: %s",
+                promoted,
+                mean_depth,
+                counts.tolist(),
+            )

@@ -1,0 +1,95 @@
+"""Margin verification in place of vLLM's strict rejection sampling.
+
+Replaces `vllm.v1.sample.rejection_sampler.rejection_sample` (same signature). vLLM's
+`RejectionSampler.forward` still computes bonus tokens and applies logits processors, penalties,
+temperature and top-k/top-p; we only swap the accept/reject decision for `margin.py`'s, and only
+while an AdaptiveSpec runner is verifying (stock behaviour otherwise).
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.sample import rejection_sampler as vllm_rejection
+
+from vllm_adaptivespec.engine.state import Verification
+from vllm_adaptivespec.margin import verify_greedy, verify_sampled
+from vllm_adaptivespec.tree import DraftTrees
+
+_GREEDY_TEMPERATURE = getattr(vllm_rejection.GREEDY_TEMPERATURE, "value", vllm_rejection.GREEDY_TEMPERATURE)
+_PLACEHOLDER = getattr(vllm_rejection.PLACEHOLDER_TOKEN_ID, "value", vllm_rejection.PLACEHOLDER_TOKEN_ID)
+
+_stock_rejection_sample = vllm_rejection.rejection_sample
+_active: Verification | None = None
+
+
+def set_active(verification: Verification | None) -> None:
+    global _active
+    _active = verification
+
+
+def margin_rejection_sample(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata,
+    *args,
+    **kwargs,
+) -> torch.Tensor:
+    verification = _active
+    if verification is None:
+        return _stock_rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+        )  # fmt: skip
+    device = target_logits.device
+    batch, vocab = len(num_draft_tokens), target_logits.shape[-1]
+    counts = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)
+    slots = torch.arange(max_spec_len, device=device)
+    valid = slots[None, :] < counts[:, None]  # [B, K]
+    flat = (cu_num_draft_tokens.long() - counts)[:, None] + slots[None, :]
+    flat = flat.clamp(0, max(draft_token_ids.shape[0] - 1, 0))[valid]
+
+    tokens = torch.full((batch, max_spec_len), -1, dtype=torch.long, device=device)
+    tokens[valid] = draft_token_ids[flat].long()
+    # Row j holds the target's distribution after node j-1 (row 0: after the context); the row after
+    # the last node is the bonus token vLLM already sampled, as a one-hot distribution.
+    logits = torch.zeros((batch, max_spec_len + 1, vocab), dtype=torch.float32, device=device)
+    logits[:, :max_spec_len][valid] = target_logits[flat].float()
+    rows = torch.arange(batch, device=device)
+    logits[rows, counts] = float("-inf")
+    logits[rows, counts, bonus_token_ids.view(-1).long()] = 0.0
+    trees = DraftTrees.chain(tokens, counts)
+
+    if sampling_metadata.all_greedy:
+        is_greedy = torch.ones(batch, dtype=torch.bool, device=device)
+    elif sampling_metadata.all_random:
+        is_greedy = torch.zeros(batch, dtype=torch.bool, device=device)
+    else:
+        is_greedy = sampling_metadata.temperature == _GREEDY_TEMPERATURE
+
+    tau = verification.tau.to(device)
+    allowance = verification.allowance.to(device)
+    result = verify_greedy(logits, trees, tau, allowance)
+    out_tokens, num_accepted, num_promoted = result.output_tokens(), result.num_accepted, result.num_promoted
+    if not bool(is_greedy.all()):
+        padded_draft_probs = None
+        if draft_probs is not None:
+            padded_draft_probs = torch.zeros((batch, max_spec_len, vocab), dtype=torch.float32, device=device)
+            padded_draft_probs[valid] = draft_probs[flat].float()
+        sampled = verify_sampled(
+            logits.softmax(dim=-1), trees, tau, allowance, generator=None, draft_probs=padded_draft_probs
+        )
+        out_tokens = torch.where(is_greedy[:, None], out_tokens, sampled.output_tokens())
+        num_accepted = torch.where(is_greedy, num_accepted, sampled.num_accepted)
+        num_promoted = torch.where(is_greedy, num_promoted, sampled.num_promoted)
+
+    output = torch.full((batch, max_spec_len + 1), _PLACEHOLDER, dtype=torch.int32, device=device)
+    width = min(out_tokens.shape[1], max_spec_len + 1)
+    output[:, :width] = out_tokens[:, :width].to(torch.int32)
+    verification.num_accepted = num_accepted.tolist()
+    verification.num_promoted = num_promoted.tolist()
+    return output
