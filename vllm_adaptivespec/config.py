@@ -19,9 +19,9 @@ _PREFIX = "adaptivespec."
 class AdaptiveSpecConfigError(ValueError):
     """A configuration was rejected; the message has one ``adaptivespec.<field>: ...`` line per problem."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid AdaptiveSpec configuration:\n  " + "\n  ".join(problems))
+    def __init__(self, problems: str | list[str]):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("invalid AdaptiveSpec configuration:\n  " + "\n  ".join(self.problems))
 
 
 class AdaptiveSpecConfig(BaseModel):

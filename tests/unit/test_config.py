@@ -150,3 +150,9 @@ def test_with_overrides_validates():
 def test_direct_construction_raises_the_same_error():
     with pytest.raises(AdaptiveSpecConfigError, match=r"adaptivespec\.max_depth: must be an integer in \[1, 64\]"):
         AdaptiveSpecConfig(max_depth=0)
+
+
+def test_error_accepts_a_single_message():
+    err = AdaptiveSpecConfigError("adaptivespec.mode: only 'chain' runs inside vLLM so far (got 'tree')")
+    assert err.problems == ["adaptivespec.mode: only 'chain' runs inside vLLM so far (got 'tree')"]
+    assert str(err).endswith("(got 'tree')")
