@@ -6,19 +6,20 @@ engine core; a bad per-request value becomes a 400 for that request alone.
 
 from __future__ import annotations
 
-import logging
 import os
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.exceptions import VLLMValidationError
+from vllm.logger import init_logger
 from vllm.v1.engine.input_processor import InputProcessor
 
+from vllm_adaptivespec import __version__
 from vllm_adaptivespec.engine.compat import require_supported_vllm
 from vllm_adaptivespec.engine.patching import wrap
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.settings import raw_settings, resolve, settings_for
 
-logger = logging.getLogger("vllm.adaptivespec")
+logger = init_logger("vllm.adaptivespec")
 
 
 def install() -> None:
@@ -36,7 +37,7 @@ def install() -> None:
         self.async_scheduling = False
         vllm_config = original(self, *args, **kwargs)
         config = resolve(raw, vllm_config.speculative_config)
-        logger.info("AdaptiveSpec active: %s", config.model_dump_json())
+        logger.info("AdaptiveSpec %s active: %s", __version__, config.model_dump_json())
         return vllm_config
 
     @wrap(InputProcessor, "_validate_params", "reject bad per-request AdaptiveSpec values with 400")

@@ -6,11 +6,12 @@ Modelled on Arctic Inference's patching module: one place that records what was 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-logger = logging.getLogger("vllm.adaptivespec")
+from vllm.logger import init_logger
+
+logger = init_logger("vllm.adaptivespec")
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@ installing the package never changes stock vLLM behaviour.
 
 from __future__ import annotations
 
-import logging
 import os
+
+from vllm.logger import init_logger
 
 from vllm_adaptivespec import __version__
 
-logger = logging.getLogger("vllm.adaptivespec")
+logger = init_logger("vllm.adaptivespec")
 _registered = False
 
 
