@@ -1,0 +1,152 @@
+"""PNG figures of a run: speed vs tau, pass@1 vs tau, and the distribution of chosen draft depths.
+
+One panel per (workload, batch, temperature). Swept rows are drawn as lines over tau; the point at
+tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, the static row of the same depth
+for ``margin-k<d>``), and the other configurations are horizontal reference lines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .configs import TABLE
+from .engine_metrics import histogram_distribution
+
+SWEPT = [row for row in TABLE if row.per_tau]
+REFERENCE_STYLES = {"ar": ("black", ":"), "ngram": ("tab:brown", "-."), "dynamic": ("tab:purple", "--")}
+
+
+def _lossless_twin(row) -> str | None:
+    if row.depth is None:
+        return "policy-only"
+    return next((r.name for r in TABLE if r.kind == "static" and r.depth == row.depth), None)
+
+
+def _groups(data: dict) -> dict[tuple, dict[str, dict]]:
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for cell in data["cells"]:
+        if cell.get("status") == "ok":
+            groups[(cell["workload"], cell["batch"], cell["temperature"])][cell["config"]] = cell
+    return dict(sorted(groups.items()))
+
+
+def _figure(n: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return plt, fig, list(axes.flat[:n])
+
+
+def _tau_panel(ax, cells: dict[str, dict], value, ylabel: str) -> bool:
+    """Swept rows as lines over tau plus reference lines; False when the panel has nothing."""
+    drawn = False
+    for row in SWEPT:
+        points = [(c["tau"], value(c)) for c in cells.values() if c.get("row") == row.name]
+        twin = cells.get(_lossless_twin(row) or "")
+        if twin is not None:
+            points.append((1.0, value(twin)))
+        points = sorted((t, v) for t, v in points if t is not None and v is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=row.name)
+            drawn = True
+    statics = [c for c in cells.values() if c.get("kind") == "static" and value(c) is not None]
+    if statics:
+        best = max(statics, key=lambda c: c["tokens_per_s"])
+        ax.axhline(value(best), color="tab:green", linestyle="--", label=f"best static ({best['config']})")
+        drawn = True
+    for name, (color, style) in REFERENCE_STYLES.items():
+        if name in cells and value(cells[name]) is not None:
+            ax.axhline(value(cells[name]), color=color, linestyle=style, label=name)
+            drawn = True
+    ax.set_xlabel("tau (1 = lossless)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def _save(plt, fig, axes, path: Path, title: str) -> Path:
+    handles, labels = {}, []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = handle
+                labels.append(label)
+    fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=min(len(labels), 6),
+               fontsize="small", bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def speed_vs_tau(data: dict, path: Path) -> Path | None:
+    groups = _groups(data)
+    if not groups:
+        return None
+    plt, fig, axes = _figure(len(groups))
+    drawn = False
+    for ax, ((workload, batch, temp), cells) in zip(axes, groups.items()):
+        drawn |= _tau_panel(ax, cells, lambda c: (c.get("derived") or {}).get("speedup_vs_ar"), "tok/s / AR tok/s")
+        ax.set_title(f"{workload}, batch {batch}, T={temp:g}", fontsize="medium")
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _save(plt, fig, axes, path, "Output tokens/s relative to autoregressive decoding")
+
+
+def pass_at_1_vs_tau(data: dict, path: Path) -> Path | None:
+    groups = {k: v for k, v in _groups(data).items() if k[0] == "humaneval"}
+    if not groups:
+        return None
+    plt, fig, axes = _figure(len(groups))
+    drawn = False
+    for ax, ((_, batch, temp), cells) in zip(axes, groups.items()):
+        drawn |= _tau_panel(ax, cells, lambda c: (c.get("accuracy") or {}).get("value"), "pass@1")
+        ax.set_title(f"HumanEval, batch {batch}, T={temp:g}", fontsize="medium")
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _save(plt, fig, axes, path, "HumanEval pass@1")
+
+
+def depth_distribution(data: dict, path: Path) -> Path | None:
+    """Share of request-steps at each draft depth the AdaptiveSpec policy chose (plugin histogram)."""
+    groups = {}
+    for key, cells in _groups(data).items():
+        found = {name: c["adaptivespec"]["draft_depth"] for name, c in cells.items()
+                 if ((c.get("adaptivespec") or {}).get("draft_depth") or {}).get("count")}
+        if found:
+            groups[key] = found
+    if not groups:
+        return None
+    plt, fig, axes = _figure(len(groups))
+    for ax, ((workload, batch, temp), hists) in zip(axes, groups.items()):
+        for name, hist in hists.items():
+            dist = [(float(le), count) for le, count in histogram_distribution(hist) if le != "+Inf"]
+            total = sum(count for _, count in dist) or 1
+            ax.plot([d for d, _ in dist], [count / total for _, count in dist], marker="o", label=name)
+        ax.set_title(f"{workload}, batch {batch}, T={temp:g}", fontsize="medium")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("draft depth (tokens)")
+        ax.set_ylabel("share of request-steps")
+        ax.grid(alpha=0.3)
+    return _save(plt, fig, axes, path, "Draft depth chosen per request and step")
+
+
+def draw_all(data: dict, directory: Path) -> list[Path]:
+    made = [
+        speed_vs_tau(data, directory / "speed_vs_tau.png"),
+        pass_at_1_vs_tau(data, directory / "pass_at_1_vs_tau.png"),
+        depth_distribution(data, directory / "depth_distribution.png"),
+    ]
+    return [p for p in made if p is not None]

