@@ -55,10 +55,8 @@ class VerifyResult:
         return out
 
 
-def _per_sequence(value, batch: int, dtype: torch.dtype, device: torch.device, default) -> torch.Tensor:
-    if value is None:
-        value = default
-    return torch.as_tensor(value, dtype=dtype, device=device).expand(batch).clone()
+def _per_sequence(value, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(value, dtype=dtype, device=device).expand(batch)
 
 
 def _check_rows(target: torch.Tensor, trees: DraftTrees) -> None:
@@ -67,58 +65,60 @@ def _check_rows(target: torch.Tensor, trees: DraftTrees) -> None:
         raise ValueError(f"target rows must be [B={batch}, N+1={slots + 1}, V], got {tuple(target.shape)}")
 
 
+def _promotion_inputs(tau, allowance, batch: int, slots: int, device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(tau [B] float64, allowance [B] long, whether any sequence may promote at all)."""
+    tau_t = _per_sequence(tau, batch, torch.float64, device)
+    allowance_t = _per_sequence(slots if allowance is None else allowance, batch, torch.long, device)
+    return tau_t, allowance_t, bool(((tau_t < 1.0) & (allowance_t > 0)).any()) if batch else False
+
+
 def _choose_path(
-    trees: DraftTrees, ok: torch.Tensor, cost: torch.Tensor, score: torch.Tensor | None, allowance: torch.Tensor
+    trees: DraftTrees,
+    ok: torch.Tensor,
+    promoted: torch.Tensor | None,
+    score: torch.Tensor | None,
+    allowance: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deepest node whose whole root path is ``ok`` and costs <= allowance; ties by path score, then index.
+    """Deepest node whose whole root path is ``ok`` with at most ``allowance`` promoted nodes on it;
+    ties by summed ``score`` along the path (when given), then the lowest index.
 
     Returns (best node or -1 [B], number accepted [B], promotions used [B], path nodes [B, D])."""
-    parents, depths = trees.parents, trees.depths
-    batch, slots = parents.shape
+    depths = trees.depths
+    batch, slots = depths.shape
     if slots == 0:
-        none = torch.full((batch,), -1, dtype=torch.long, device=parents.device)
-        return none, torch.zeros_like(none), torch.zeros_like(none), parents.new_zeros(batch, 0)
-    has_parent = parents >= 0
-    safe_parent = parents.clamp(min=0)
-    path_ok, path_cost, path_score = ok, cost, score
-    for _ in range(max(0, trees.max_depth - 1)):
-        path_ok = ok & torch.where(has_parent, path_ok.gather(1, safe_parent), True)
-        path_cost = cost + torch.where(has_parent, path_cost.gather(1, safe_parent), 0)
-        if score is not None:
-            path_score = score + torch.where(has_parent, path_score.gather(1, safe_parent), 0.0)
-    eligible = path_ok & (path_cost <= allowance[:, None])
-    num_accepted = torch.where(eligible, depths, 0).amax(1)
-    deepest = eligible & (depths == num_accepted[:, None])
+        none = torch.full((batch,), -1, dtype=torch.long, device=depths.device)
+        return none, torch.zeros_like(none), torch.zeros_like(none), depths.new_zeros(batch, 0)
+    ancestors = trees.ancestor_mask()  # [B, N, N]: row i = the nodes on i's root path
+    path_ok = ~(ancestors & ~ok.unsqueeze(1)).any(-1)
+    if promoted is not None:
+        path_ok &= (ancestors & promoted.unsqueeze(1)).sum(-1) <= allowance[:, None]
+    reach = torch.where(path_ok, depths, 0)
+    num_accepted = reach.amax(1)
     if score is None:
-        best = deepest.to(torch.int8).argmax(1)
+        best = reach.argmax(1)  # first node of the greatest depth
     else:
-        best = torch.where(deepest, path_score, float("-inf")).argmax(1)
+        path_score = (ancestors * score.unsqueeze(1)).sum(-1)
+        best = torch.where(path_ok & (depths == num_accepted[:, None]), path_score, float("-inf")).argmax(1)
     found = num_accepted > 0
     best = torch.where(found, best, -1)
-    safe_best = best.clamp(min=0)[:, None]
-    used = torch.where(found, path_cost.gather(1, safe_best)[:, 0], 0)
-
+    on_path = ancestors.gather(1, best.clamp(min=0)[:, None, None].expand(batch, 1, slots))[:, 0] & found[:, None]
+    used = (on_path & promoted).sum(1) if promoted is not None else torch.zeros_like(best)
     depth = trees.max_depth
-    nodes = torch.full((batch, depth + 1), -1, dtype=torch.long, device=parents.device)
-    current = best
-    for _ in range(depth):
-        has = current >= 0
-        safe = current.clamp(min=0)[:, None]
-        column = torch.where(has, depths.gather(1, safe)[:, 0] - 1, depth)
-        nodes.scatter_(1, column[:, None], current[:, None])
-        current = torch.where(has, parents.gather(1, safe)[:, 0], -1)
-    return best, num_accepted, used, nodes[:, :depth]
+    column = torch.where(on_path, depths - 1, depth)
+    index = torch.arange(slots, device=depths.device).expand(batch, slots)
+    path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=depths.device).scatter_(1, column, index)
+    return best, num_accepted, used, path[:, :depth]
 
 
 def _result(
-    trees: DraftTrees, path: torch.Tensor, promotable: torch.Tensor, num_accepted, next_token, num_promoted
+    trees: DraftTrees, path: torch.Tensor, promoted: torch.Tensor | None, num_accepted, next_token, num_promoted
 ) -> VerifyResult:
     on_path = path >= 0
     safe = path.clamp(min=0)
     return VerifyResult(
         accepted_nodes=path,
         accepted_tokens=torch.where(on_path, trees.tokens.gather(1, safe), -1),
-        promoted=on_path & promotable.gather(1, safe),
+        promoted=on_path & promoted.gather(1, safe) if promoted is not None else torch.zeros_like(on_path),
         num_accepted=num_accepted,
         next_token=next_token,
         num_promoted=num_promoted,
@@ -135,27 +135,25 @@ def verify_greedy(
     _check_rows(target_logits, trees)
     batch, slots = trees.tokens.shape
     device = target_logits.device
-    valid = trees.node_mask
-    rows = torch.where(valid, trees.parents + 1, 0)
     tokens = trees.tokens
-    batch_index = torch.arange(batch, device=device)[:, None]
+    rows = (trees.parents + 1).clamp(min=0)  # padding (parent -2) reads row 0; it is masked anyway
 
     top = target_logits.argmax(-1)  # [B, N+1]; first index on ties, exactly like greedy decoding
-    top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float()
+    match = (tokens == top.gather(1, rows)) & trees.node_mask
+    tau_t, allowance, any_promotion = _promotion_inputs(tau, promotion_allowance, batch, slots, device)
+    if not any_promotion:  # strict matching: nothing else to compute
+        best, num_accepted, used, path = _choose_path(trees, match, None, None, allowance)
+        return _result(trees, path, None, num_accepted, top.gather(1, (best + 1)[:, None])[:, 0], used)
+
+    batch_index = torch.arange(batch, device=device)[:, None]
     token_logit = target_logits[batch_index, rows, tokens].float()
-    match = valid & (tokens == top.gather(1, rows))
-
-    tau_t = _per_sequence(tau, batch, torch.float64, device, 1.0)
-    allowance = _per_sequence(promotion_allowance, batch, torch.long, device, slots)
+    top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float().gather(1, rows)
     can_promote = (tau_t < 1.0) & (allowance > 0)
-    ratio = (token_logit - top_logit.gather(1, rows)).double().exp()
-    promotable = valid & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
-
-    score = None
-    if bool(can_promote.any()):
-        log_norm = torch.logsumexp(target_logits.float(), dim=-1)
-        score = torch.where(valid, token_logit - log_norm.gather(1, rows), 0.0)
-    best, num_accepted, used, path = _choose_path(trees, match | promotable, promotable.long(), score, allowance)
+    ratio = (token_logit - top_logit).double().exp()
+    promotable = trees.node_mask & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
+    log_norm = torch.logsumexp(target_logits.float(), dim=-1)
+    score = torch.where(trees.node_mask, token_logit - log_norm.gather(1, rows), 0.0)
+    best, num_accepted, used, path = _choose_path(trees, match | promotable, promotable, score, allowance)
     next_token = top.gather(1, (best + 1)[:, None])[:, 0]
     return _result(trees, path, promotable, num_accepted, next_token, used)
 
@@ -170,66 +168,65 @@ def verify_sampled(
     uniforms: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Speculative rejection sampling over trees; ``target_probs`` [B, N+1, V] already processed
-    (temperature, top-p, ...). ``uniforms`` [B, N] replaces the per-node random draws (for tests)."""
+    (temperature, top-p, ...); ``draft_probs`` [B, N, V], row i = the distribution node i's token
+    was drawn from (chains only). ``uniforms`` [B, N] replaces the per-node random draws (tests)."""
     _check_rows(target_probs, trees)
     batch, slots = trees.tokens.shape
     device = target_probs.device
     valid = trees.node_mask
     parents, tokens = trees.parents, trees.tokens
-    rows = torch.where(valid, parents + 1, 0)
+    rows = (parents + 1).clamp(min=0)
     batch_index = torch.arange(batch, device=device)[:, None]
 
     p_token = torch.where(valid, target_probs[batch_index, rows, tokens].float(), 0.0)
-    p_top = target_probs.amax(-1).float().gather(1, rows)
-    same_parent = valid[:, :, None] & valid[:, None, :] & (parents[:, :, None] == parents[:, None, :])
+    same_parent = valid.unsqueeze(2) & valid.unsqueeze(1) & (parents.unsqueeze(2) == parents.unsqueeze(1))
     earlier = same_parent & torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)
 
     if draft_probs is None:
-        duplicate = (earlier & (tokens[:, :, None] == tokens[:, None, :])).any(-1)
+        duplicate = (earlier & (tokens.unsqueeze(2) == tokens.unsqueeze(1))).any(-1)
         p_fresh = torch.where(duplicate, 0.0, p_token)
         mass_before = torch.bmm(earlier.float(), p_fresh.unsqueeze(-1)).squeeze(-1)
         pass_prob = p_fresh / (1.0 - mass_before).clamp(min=1e-30)
     else:
         if bool(earlier.any()):
             raise ValueError("verify_sampled with draft_probs supports chains only (a node has siblings)")
-        q_token = torch.where(valid, draft_probs[batch_index, torch.arange(slots, device=device), tokens].float(), 1.0)
+        node_index = torch.arange(slots, device=device).expand(batch, slots)
+        q_token = torch.where(valid, draft_probs[batch_index, node_index, tokens].float(), 1.0)
         pass_prob = p_token / q_token.clamp(min=1e-30)
     if uniforms is None:
         uniforms = torch.rand(batch, slots, generator=generator, device=device)
-    passed = valid & (uniforms < pass_prob.clamp(max=1.0))
-    first_pass = passed & ~(earlier & passed[:, None, :]).any(-1)
+    passed = valid & (uniforms < pass_prob)
+    first_pass = passed & ~(earlier & passed.unsqueeze(1)).any(-1)
 
-    tau_t = _per_sequence(tau, batch, torch.float64, device, 1.0)
-    allowance = _per_sequence(promotion_allowance, batch, torch.long, device, slots)
-    can_promote = (tau_t < 1.0) & (allowance > 0)
-    sibling_passed = (same_parent & passed[:, None, :]).any(-1)
-    margin_ok = (p_token.double() / p_top.double().clamp(min=1e-300)) >= tau_t[:, None]
-    promotable = valid & can_promote[:, None] & margin_ok & ~sibling_passed
-    # Among promotable siblings keep the one with the largest p(token), the lowest index on ties.
-    beaten = same_parent & promotable[:, None, :] & (
-        (p_token[:, None, :] > p_token[:, :, None])
-        | ((p_token[:, None, :] == p_token[:, :, None]) & earlier)
-    )
-    promoted = promotable & ~beaten.any(-1)
+    tau_t, allowance, any_promotion = _promotion_inputs(tau, promotion_allowance, batch, slots, device)
+    promoted = None
+    if any_promotion:
+        p_top = target_probs.amax(-1).float().gather(1, rows)
+        can_promote = (tau_t < 1.0) & (allowance > 0)
+        sibling_passed = (same_parent & passed.unsqueeze(1)).any(-1)
+        margin_ok = (p_token.double() / p_top.double().clamp(min=1e-300)) >= tau_t[:, None]
+        promotable = valid & can_promote[:, None] & margin_ok & ~sibling_passed
+        # Among promotable siblings keep the one with the largest p(token), the lowest index on ties.
+        other, this = p_token.unsqueeze(1), p_token.unsqueeze(2)
+        beaten = same_parent & promotable.unsqueeze(1) & ((other > this) | ((other == this) & earlier))
+        promoted = promotable & ~beaten.any(-1)
+    accepted = first_pass | promoted if promoted is not None else first_pass
+    best, num_accepted, used, path = _choose_path(trees, accepted, promoted, None, allowance)
 
-    best, num_accepted, used, path = _choose_path(trees, first_pass | promoted, promoted.long(), None, allowance)
-
-    last_row = (best + 1)[:, None, None].expand(batch, 1, target_probs.shape[2])
-    residual = target_probs.gather(1, last_row)[:, 0].float()
+    # Next token: from the residual at the last accepted node (the row itself at a leaf).
+    vocab = target_probs.shape[2]
+    row = target_probs.gather(1, (best + 1)[:, None, None].expand(batch, 1, vocab))[:, 0].float()
     children = valid & (parents == best[:, None])
     if draft_probs is None:
-        vocab = residual.shape[1]
-        residual = torch.nn.functional.pad(residual, (0, 1))
+        residual = torch.nn.functional.pad(row, (0, 1))
         residual.scatter_(1, torch.where(children, tokens, vocab), 0.0)
         residual = residual[:, :vocab]
+    elif slots:
+        child = (best + 1).clamp(max=slots - 1)
+        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].float()
+        residual = torch.where(children.any(1, keepdim=True), (row - q_child).clamp(min=0.0), row)
     else:
-        child = (best + 1).clamp(max=max(slots - 1, 0))
-        has_child = children.any(1)
-        if slots:
-            q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, draft_probs.shape[2]))[:, 0].float()
-            residual = torch.where(has_child[:, None], (residual - q_child).clamp(min=0.0), residual)
-    empty = residual.sum(1, keepdim=True) <= 0
-    residual = torch.where(empty, target_probs.gather(1, last_row)[:, 0].float(), residual)
+        residual = row
+    residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, row)
     next_token = torch.multinomial(residual, 1, generator=generator)[:, 0]
     return _result(trees, path, promoted, num_accepted, next_token, used)
-

@@ -44,6 +44,9 @@ class DraftTrees:
     def __post_init__(self) -> None:
         if self.max_depth is None:
             self.max_depth = int(self.depths.max().item()) if self.depths.numel() else 0
+        # Derived views, computed once: the engine (attention) and the verifier both need them.
+        self._node_mask: torch.Tensor | None = None
+        self._ancestors: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -61,7 +64,9 @@ class DraftTrees:
     @property
     def node_mask(self) -> torch.Tensor:
         """[B, N] bool: real (non-padding) nodes."""
-        return torch.arange(self.num_slots, device=self.device) < self.num_nodes[:, None]
+        if self._node_mask is None:
+            self._node_mask = torch.arange(self.num_slots, device=self.device) < self.num_nodes[:, None]
+        return self._node_mask
 
     def to(self, device: torch.device | str) -> DraftTrees:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
@@ -79,17 +84,19 @@ class DraftTrees:
         """[B, N, N] bool: mask[b, i, j] is True when node j is node i or one of its ancestors.
 
         The root (last committed token) is not a node: every node also sees it and the context.
-        Padding nodes see only themselves, so no attention row is empty."""
-        batch, slots = self.parents.shape
-        mask = torch.zeros(batch, slots, slots + 1, dtype=torch.bool, device=self.device)
-        diagonal = torch.arange(slots, device=self.device)
-        mask[:, diagonal, diagonal] = True
-        current = self.parents
-        for _ in range(max(0, self.max_depth - 1)):
-            has = current >= 0
-            mask.scatter_(2, torch.where(has, current, slots).unsqueeze(-1), True)
-            current = torch.where(has, self.parents.gather(1, current.clamp(min=0)), ROOT)
-        return mask[:, :, :slots]
+        Padding nodes see only themselves, so no attention row is empty. Computed once per tree
+        (treat the tensors of a DraftTrees as read-only)."""
+        if self._ancestors is None:
+            batch, slots = self.parents.shape
+            eye = torch.eye(slots, dtype=torch.bool, device=self.device)
+            # Row 0 stands for the root (no ancestors); row i + 1 for node i.
+            rows = torch.zeros(batch, slots + 1, slots, dtype=torch.bool, device=self.device)
+            rows[:, 1:] = eye
+            parent_row = (self.parents + 1).clamp(min=0).unsqueeze(-1).expand(batch, slots, slots)
+            for _ in range(max(0, self.max_depth - 1)):
+                rows[:, 1:] = rows.gather(1, parent_row) | eye
+            self._ancestors = rows[:, 1:]
+        return self._ancestors
 
     def positions(self, context_len: torch.Tensor) -> torch.Tensor:
         """[B, N] token positions: ``context_len`` is the root's position (tokens already in the
@@ -155,7 +162,7 @@ class DraftTrees:
         else:
             cum = torch.as_tensor(logprobs, dtype=torch.float32, device=device).clamp(max=0).cumsum(1)
         depth = int(num_nodes.max().item()) if batch else 0
-        return cls(
+        trees = cls(
             tokens=torch.where(valid, tokens, 0),
             parents=torch.where(valid, index - 1, PAD),
             depths=torch.where(valid, index + 1, 0),
@@ -163,6 +170,13 @@ class DraftTrees:
             num_nodes=num_nodes,
             max_depth=depth,
         )
+        # A chain's ancestors are known without walking it: every earlier real node.
+        lower = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        trees._node_mask = valid
+        trees._ancestors = (lower & valid[:, None, :] & valid[:, :, None]) | torch.eye(
+            length, dtype=torch.bool, device=device
+        )
+        return trees
 
     @classmethod
     def from_parents(
@@ -204,8 +218,10 @@ class DraftTrees:
 class TreeBuilder:
     """Builds a batch of draft trees level by level; one ``add_level`` call per drafter step.
 
-    Node ids handed out by ``frontier()`` number the nodes in creation order (level by level);
-    ``DraftTrees.builder_ids`` maps the final layout back to them."""
+    Node ids handed out by ``frontier()`` number the nodes in creation order (level by level,
+    frontier slot by slot, candidate by candidate); ``DraftTrees.builder_ids`` maps the final
+    layout back to them. A node is absent (never kept) while its cumulative log-prob is -inf,
+    which is how unused width slots, finished sequences and missing candidates are marked."""
 
     def __init__(self, shapes: Sequence[TreeShape], device: torch.device | str | None = None):
         self.shapes = list(shapes)
@@ -214,14 +230,22 @@ class TreeBuilder:
         self.max_depth = max((s.depth for s in self.shapes), default=0)
         self.max_width = max((s.width for s in self.shapes), default=1)
         dims = torch.tensor([[s.depth, s.width, s.nodes] for s in self.shapes], dtype=torch.long).reshape(batch, 3)
-        self._depth, self._width, self._nodes = dims.to(self.device).unbind(1)
-        self._slot = torch.arange(self.max_width, device=self.device)
+        depth, width, self._nodes = dims.to(self.device).unbind(1)
+        absent = float("-inf")
+        # Added to cumulative log-probs: 0 where a sequence uses a width slot / is still growing, -inf elsewhere.
+        slot = torch.arange(self.max_width, device=self.device)
+        self._slot_bias = torch.where(slot < width[:, None], 0.0, absent)
+        level = torch.arange(self.max_depth + 1, device=self.device)
+        self._open_bias = torch.where(level[:, None] < depth[None, :], 0.0, absent)  # [levels, B]
         self.level = 0
         self._frontier_ids = torch.full((batch, 1), ROOT, dtype=torch.long, device=self.device)
-        self._frontier_valid = (self._depth >= 1).unsqueeze(1)
-        self._frontier_cum = torch.zeros(batch, 1, device=self.device)
-        self._levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._frontier_cum = self._open_bias[0].unsqueeze(1).clone()
+        self._levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # tokens, cum, frontier ids
         self._size = 0
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.shapes)
 
     @property
     def done(self) -> bool:
@@ -229,76 +253,67 @@ class TreeBuilder:
 
     def frontier(self) -> tuple[torch.Tensor, torch.Tensor]:
         """([B, F] node ids to expand next, -1 = the root or padding; [B, F] bool: really expand)."""
-        return self._frontier_ids, self._frontier_valid
+        valid = torch.isfinite(self._frontier_cum)
+        return torch.where(valid, self._frontier_ids, ROOT), valid
 
     def frontier_tokens(self) -> torch.Tensor:
         """[B, F] tokens of the frontier nodes (0 for the root and padding)."""
+        ids, valid = self.frontier()
         if not self._levels:
-            return torch.zeros_like(self._frontier_ids)
+            return torch.zeros_like(ids)
         tokens = torch.cat([level[0] for level in self._levels], dim=1)
-        return torch.where(self._frontier_ids >= 0, tokens.gather(1, self._frontier_ids.clamp(min=0)), 0)
+        return torch.where(valid & (ids >= 0), tokens.gather(1, ids.clamp(min=0)), 0)
 
     def nodes_so_far(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """([B, P] tokens, [B, P] parent ids (-1 root), [B, P] bool valid) of every node created so far,
-        indexed by node id: what the drafter's own tree attention needs between levels."""
+        """([B, P] tokens, [B, P] parent ids (-1 root), [B, P] bool present) of every node created
+        so far, indexed by node id: what the drafter's own tree attention needs between levels."""
         if not self._levels:
             empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=self.device)
             return empty, empty, empty.bool()
+        tokens, cum, parents = self._pool()
+        return tokens, parents, torch.isfinite(cum)
+
+    def _pool(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = self.max_width
         return (
             torch.cat([level[0] for level in self._levels], dim=1),
-            torch.cat([level[2] for level in self._levels], dim=1),
-            torch.cat([level[3] for level in self._levels], dim=1),
+            torch.cat([level[1] for level in self._levels], dim=1),
+            torch.cat([level[2].repeat_interleave(width, dim=1) for level in self._levels], dim=1),
         )
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.shapes)
 
     def add_level(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor) -> None:
         """Expand the frontier: ``cand_tokens`` / ``cand_logprobs`` are [B, F, K] (any K >= 1), the
-        drafter's candidates for each frontier node; each sequence uses its best ``width`` of them.
-        Non-finite log-probs mark a candidate as absent."""
+        drafter's candidates for each frontier node. With K > width each sequence keeps its best
+        ``width`` (stable, so equal log-probs keep the given order); with K <= width all are used,
+        in the given order. Non-finite log-probs mark a candidate as absent."""
         if self.done:
             raise RuntimeError(f"all {self.max_depth} levels are already built")
-        batch, frontier = self._frontier_ids.shape
+        batch, frontier = self._frontier_cum.shape
         if cand_tokens.shape[:2] != (batch, frontier) or cand_logprobs.shape != cand_tokens.shape:
             raise ValueError(
                 f"candidates must be [B={batch}, F={frontier}, K]; got tokens {tuple(cand_tokens.shape)} "
                 f"and log-probs {tuple(cand_logprobs.shape)}"
             )
         width = self.max_width
-        logprobs = cand_logprobs.to(device=self.device, dtype=torch.float32)
+        absent = float("-inf")
+        logprobs = cand_logprobs.to(device=self.device, dtype=torch.float32).nan_to_num(nan=absent, posinf=absent, neginf=absent)
         tokens = cand_tokens.to(device=self.device, dtype=torch.long)
-        if logprobs.shape[2] > 1:
+        count = logprobs.shape[2]
+        if count > width:
             logprobs, order = logprobs.sort(dim=2, descending=True, stable=True)
-            tokens = tokens.gather(2, order)
-        logprobs, tokens = logprobs[:, :, :width], tokens[:, :, :width]
-        if logprobs.shape[2] < width:
-            missing = width - logprobs.shape[2]
-            logprobs = torch.nn.functional.pad(logprobs, (0, missing), value=float("-inf"))
-            tokens = torch.nn.functional.pad(tokens, (0, missing), value=0)
-        valid = (
-            self._frontier_valid.unsqueeze(2)
-            & (self._slot < self._width[:, None, None])
-            & torch.isfinite(logprobs)
-        )
-        cum = self._frontier_cum.unsqueeze(2) + logprobs.clamp(max=0.0)
-        cum = torch.where(valid, cum, float("-inf")).reshape(batch, frontier * width)
-        valid = valid.reshape(batch, frontier * width)
-        tokens = torch.where(valid, tokens.reshape(batch, frontier * width), 0)
-        parents = self._frontier_ids.unsqueeze(2).expand(batch, frontier, width).reshape(batch, frontier * width)
-        ids = self._size + torch.arange(frontier * width, device=self.device)
-        self._levels.append((tokens, cum, parents, valid))
-        self._size += frontier * width
+            logprobs, tokens = logprobs[:, :, :width], tokens.gather(2, order[:, :, :width])
+        elif count < width:
+            logprobs = torch.nn.functional.pad(logprobs, (0, width - count), value=absent)
+            tokens = torch.nn.functional.pad(tokens, (0, width - count), value=0)
+        cum = self._frontier_cum.unsqueeze(2) + logprobs.clamp(max=0.0) + self._slot_bias.unsqueeze(1)
+        cum = cum.reshape(batch, frontier * width)
+        self._levels.append((tokens.reshape(batch, frontier * width), cum, self._frontier_ids))
         self.level += 1
-
-        best_cum, best = cum.sort(dim=1, descending=True, stable=True)
-        best_cum, best = best_cum[:, :width], best[:, :width]
-        self._frontier_valid = (
-            (self._slot < self._width[:, None]) & torch.isfinite(best_cum) & (self.level < self._depth[:, None])
-        )
-        self._frontier_ids = torch.where(self._frontier_valid, ids[best], ROOT)
-        self._frontier_cum = torch.where(self._frontier_valid, best_cum, 0.0)
+        if not self.done:
+            best_cum, best = cum.sort(dim=1, descending=True, stable=True)
+            self._frontier_cum = best_cum[:, :width] + self._slot_bias + self._open_bias[self.level].unsqueeze(1)
+            self._frontier_ids = best[:, :width] + self._size
+        self._size += frontier * width
 
     def finish(self) -> DraftTrees:
         """Keep each sequence's best ``nodes`` nodes and flatten them into the documented layout."""
@@ -309,47 +324,53 @@ class TreeBuilder:
                 empty, empty.clone(), empty.clone(), empty.float(), torch.zeros(batch, dtype=torch.long, device=device),
                 empty.clone(), 0,
             )
-        tokens, cum, parents, valid = (torch.cat(parts, dim=1) for parts in zip(*self._levels))
+        tokens, cum, parents = self._pool()
         pool = tokens.shape[1]
-        depth = torch.cat(
-            [torch.full((level[0].shape[1],), i + 1, dtype=torch.long, device=device) for i, level in enumerate(self._levels)]
-        )
-        pool_index = torch.arange(pool, device=device)
+        sizes = torch.tensor([level[0].shape[1] for level in self._levels], device=device)
+        depth = torch.repeat_interleave(torch.arange(1, len(self._levels) + 1, device=device), sizes)
+        pool_index = torch.arange(pool, device=device).expand(batch, pool)
 
-        # Rank by cumulative log-prob; the stable sort keeps creation order on ties, so ancestors come first.
+        # Rank by cumulative log-prob; the stable sort keeps creation order on ties, so an ancestor
+        # (never less likely, created earlier) always ranks before its descendants.
         order = cum.sort(dim=1, descending=True, stable=True)[1]
-        rank = torch.empty_like(order).scatter_(1, order, pool_index.expand(batch, pool))
-        num_nodes = torch.minimum(self._nodes, valid.sum(1))
-        keep = valid & (rank < num_nodes[:, None])
+        rank = torch.empty_like(order).scatter_(1, order, pool_index)
+        num_nodes = torch.minimum(self._nodes, torch.isfinite(cum).sum(1))
+        keep = rank < num_nodes[:, None]
 
-        # Top-1 chain: from the root, the kept child with the best cumulative log-prob (first on ties).
-        on_chain = torch.zeros(batch, pool, dtype=torch.bool, device=device)
-        current = torch.full((batch,), ROOT, dtype=torch.long, device=device)
-        start = 0
-        for level_tokens, _, _, _ in self._levels:
-            stop = start + level_tokens.shape[1]
-            child = keep[:, start:stop] & (parents[:, start:stop] == current[:, None])
-            best = torch.where(child, cum[:, start:stop], float("-inf")).argmax(1)
-            has = child.any(1)
-            on_chain[:, start:stop].scatter_(1, best[:, None], has[:, None])
-            current = torch.where(has, start + best, PAD)
-            start = stop
+        # Top-1 chain: each parent's best kept child is its lowest-ranked one. Slot p = node p,
+        # slot P = the root, slot P + 1 = "none" (absorbing), so the walk is one gather per level.
+        slot_parent = torch.where(parents >= 0, parents, pool)
+        best_rank = torch.full((batch, pool + 2), pool, dtype=torch.long, device=device)
+        best_rank.scatter_reduce_(1, slot_parent, torch.where(keep, rank, pool), reduce="amin")
+        best_child = torch.where(best_rank < pool, order.gather(1, best_rank.clamp(max=pool - 1)), pool + 1)
+        step = best_child[:, pool : pool + 1]
+        walk = [step]
+        for _ in range(len(self._levels) - 1):
+            step = best_child.gather(1, step)
+            walk.append(step)
+        on_chain = torch.zeros(batch, pool + 2, dtype=torch.bool, device=device)
+        on_chain = on_chain.scatter_(1, torch.cat(walk, dim=1), True)[:, :pool]
 
-        group = torch.where(on_chain, 0, torch.where(keep, 1, 2))
-        key = (group * (self.max_depth + 1) + depth) * pool + rank
+        # Layout key: (chain first | other kept | dropped, depth, rank).
+        group = 2 - keep.long() - on_chain.long()
+        key = group * ((len(self._levels) + 1) * pool) + depth * pool + rank
         layout = key.argsort(dim=1)
-        slots = int(num_nodes.max().item()) if batch else 0
-        position = torch.empty_like(layout).scatter_(1, layout, pool_index.expand(batch, pool))
+        slots, max_depth = (
+            torch.stack([num_nodes.max(), torch.where(keep, depth, 0).max()]).tolist() if batch else (0, 0)
+        )
+        position = torch.empty_like(layout).scatter_(1, layout, pool_index)
         chosen = layout[:, :slots]
         real = torch.arange(slots, device=device) < num_nodes[:, None]
         chosen_parents = parents.gather(1, chosen)
         new_parents = torch.where(chosen_parents >= 0, position.gather(1, chosen_parents.clamp(min=0)), ROOT)
-        return DraftTrees(
+        trees = DraftTrees(
             tokens=torch.where(real, tokens.gather(1, chosen), 0),
             parents=torch.where(real, new_parents, PAD),
             depths=torch.where(real, depth.expand(batch, pool).gather(1, chosen), 0),
             cum_logprobs=torch.where(real, cum.gather(1, chosen), float("-inf")),
             num_nodes=num_nodes,
             builder_ids=torch.where(real, chosen, -1),
-            max_depth=None,
+            max_depth=max_depth,
         )
+        trees._node_mask = real
+        return trees

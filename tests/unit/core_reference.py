@@ -25,7 +25,8 @@ class PoolNode:
 
 def build_reference(shape, levels, max_width):
     """EAGLE-2 build for one sequence. ``levels[l]`` = (tokens [F, K], logprobs [F, K]) as handed to
-    the builder at level l (F = 1 at level 1, max_width afterwards). Returns (pool, kept ids, chain ids)."""
+    the builder at level l (F = 1 at level 1, max_width afterwards); log-probs must be finite or -inf.
+    Returns (pool, kept ids, chain ids)."""
     pool: list[PoolNode] = []
     frontier = [(-1, torch.tensor(0.0))]  # (id, cum) per frontier slot; id -1 = root
     frontier_ok = [shape.depth >= 1]
@@ -33,7 +34,9 @@ def build_reference(shape, levels, max_width):
     for level, (tokens, logprobs) in enumerate(levels, start=1):
         new = []
         for f in range(len(frontier_ok)):
-            order = sorted(range(tokens.shape[1]), key=lambda k: (-float(logprobs[f, k]), k))[:max_width]
+            order = list(range(tokens.shape[1]))
+            if len(order) > max_width:  # the best width by log-prob, stable; otherwise as given
+                order = sorted(order, key=lambda k: (-float(logprobs[f, k]), k))[:max_width]
             for slot in range(max_width):
                 node_id = offset + f * max_width + slot
                 if slot >= len(order):
