@@ -56,8 +56,9 @@ def wrap(owner: Any, name: str, why: str) -> Callable[[Callable], Callable]:
     return decorate
 
 
-def is_patched(owner: Any, name: str) -> bool:
-    return (id(owner), name) in _APPLIED
+def original(owner: Any, name: str) -> Any:
+    """What vLLM had at `owner.name` before we patched it (the attribute itself if unpatched)."""
+    return _ORIGINALS.get((id(owner), name), getattr(owner, name))
 
 
 def applied_patches() -> list[AppliedPatch]:

@@ -1,0 +1,61 @@
+"""The contract with vLLM (patches/contract.json) still holds, and the plugin refuses other versions."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+CONTRACT = json.loads((Path(__file__).parents[2] / "patches" / "contract.json").read_text())
+
+
+def _resolve_original(dotted: str):
+    """The vLLM object at `dotted` as vLLM defines it (before any AdaptiveSpec patch)."""
+    from vllm_adaptivespec.engine.patching import original
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:-1]:
+            owner = getattr(owner, name)
+        return original(owner, parts[-1])
+    raise ImportError(dotted)
+
+
+def test_installed_vllm_is_the_pinned_version():
+    import vllm
+
+    from vllm_adaptivespec.engine.compat import SUPPORTED_VLLM
+
+    assert CONTRACT["vllm_version"] == SUPPORTED_VLLM == vllm.__version__.split("+")[0]
+
+
+def test_plugin_patches_exactly_the_contract():
+    from vllm_adaptivespec.engine import plugin
+    from vllm_adaptivespec.engine.patching import applied_patches
+
+    plugin.register()
+    assert sorted(f"{p.owner}.{p.name}" for p in applied_patches()) == sorted(CONTRACT["patched"])
+
+
+@pytest.mark.parametrize("dotted, params", sorted(CONTRACT["signatures"].items()))
+def test_wrapped_symbols_keep_their_signature(dotted, params):
+    target = _resolve_original(dotted)
+    assert list(inspect.signature(target).parameters)[: len(params)] == params
+
+
+def test_unsupported_vllm_refuses_adaptivespec_with_a_clear_message(monkeypatch):
+    import vllm
+
+    from vllm_adaptivespec.engine import compat
+
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    assert not compat.vllm_version_supported()
+    with pytest.raises(compat.UnsupportedVLLMVersion, match=r"only supports vLLM 0\.32\.0 and vLLM 0\.33\.0"):
+        compat.require_supported_vllm()
