@@ -39,6 +39,9 @@ def _log_tail(path: Path, lines: int = 12) -> str:
 
 
 class Run:
+    # The process that measures one configuration (tests put a stand-in here).
+    worker_command: tuple[str, ...] = (sys.executable, "-m", "vllm_adaptivespec.bench.worker")
+
     def __init__(self, settings: BenchSettings, command: str, fresh: bool = False,
                  drafter_problem: str | None = None, models: dict | None = None, show_progress: bool = True):
         self.settings = settings
@@ -171,7 +174,7 @@ class Run:
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         with log_path.open("w") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "vllm_adaptivespec.bench.worker", str(job_path), str(events_path)],
+                [*self.worker_command, str(job_path), str(events_path)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
         reported: set[int] = set()

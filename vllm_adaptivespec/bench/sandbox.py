@@ -50,29 +50,32 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="adaptivespec-sandbox-") as tmp:
         script = Path(tmp) / "program.py"
         script.write_text(source)
+        errors = Path(tmp) / "stderr.txt"
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp, "TMPDIR": tmp,
                "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script)],  # isolated: no site-packages, no user env
-            cwd=tmp,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_apply_limits(limits),
-        )
-        try:
-            _, stderr = proc.communicate(timeout=limits.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.communicate()
-            return Outcome(False, "timeout", f"no exit within {limits.timeout_s:g} s")
-        finally:
-            _kill_group(proc)  # children the program left behind
+        # stderr to a file, not a pipe: a child left running would hold a pipe open past the exit.
+        with errors.open("wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(script)],  # isolated: no site-packages, no user env
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_apply_limits(limits),
+            )
+            try:
+                proc.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait()
+                return Outcome(False, "timeout", f"no exit within {limits.timeout_s:g} s")
+            finally:
+                _kill_group(proc)  # children the program left behind
         if proc.returncode == 0:
             return Outcome(True, "passed")
-        lines = stderr.decode(errors="replace").strip().splitlines()
+        lines = errors.read_text(errors="replace").strip().splitlines()
         return Outcome(False, "failed", lines[-1][:300] if lines else f"exit status {proc.returncode}")
 
 

@@ -20,7 +20,7 @@ def humaneval_program(problem: dict, completion: str) -> str:
     head, fence, rest = completion.partition("```")
     code = head
     if fence and not head.strip():  # closed the given block at once and wrote a new one
-        match = _FENCE.match(fence + rest)
+        match = _FENCE.search(rest)
         code = match.group(1) if match else ""
     if f"def {problem['entry_point']}(" in code:
         header = "\n".join(

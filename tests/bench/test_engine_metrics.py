@@ -1,0 +1,52 @@
+"""vLLM metric snapshots -> per-cell deltas -> acceptance length, draft tokens per step, depths."""
+
+from __future__ import annotations
+
+from vllm.v1.metrics.reader import Counter, Gauge, Histogram, Vector
+
+from vllm_adaptivespec.bench.engine_metrics import (
+    adaptivespec_figures, delta, histogram_distribution, percentile, snapshot, spec_figures,
+)
+
+LABELS = {"model_name": "m", "engine": "0"}
+
+
+def _metrics(drafts, draft_tokens, accepted, per_pos, depth_buckets, promoted):
+    return [
+        Counter("vllm:spec_decode_num_drafts", LABELS, drafts),
+        Counter("vllm:spec_decode_num_draft_tokens", LABELS, draft_tokens),
+        Counter("vllm:spec_decode_num_accepted_tokens", LABELS, accepted),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", LABELS, per_pos),
+        Counter("vllm:adaptivespec_promoted_tokens", LABELS, promoted),
+        Histogram("vllm:adaptivespec_draft_depth", LABELS, count=depth_buckets["+Inf"], sum=0.0,
+                  buckets=depth_buckets),
+        Counter("vllm:generation_tokens", LABELS, 999),  # not ours: ignored
+        Gauge("vllm:num_requests_running", LABELS, 3.0),
+    ]
+
+
+def test_cell_figures_come_from_the_difference_of_two_snapshots():
+    before = snapshot(_metrics(10, 40, 20, [8, 6, 4, 2], {"1.0": 2, "2.0": 5, "4.0": 10, "+Inf": 10}, 1))
+    after = snapshot(_metrics(30, 100, 70, [25, 20, 15, 10], {"1.0": 2, "2.0": 9, "4.0": 30, "+Inf": 30}, 6))
+    counts = delta(before, after)
+    figures = spec_figures(counts)
+    assert figures["num_drafts"] == 20 and figures["num_draft_tokens"] == 60
+    assert figures["mean_acceptance_length"] == 1 + 50 / 20
+    assert figures["draft_tokens_per_step"] == 3.0
+    assert figures["accepted_per_position"] == [17, 14, 11, 8]
+    ours = adaptivespec_figures(counts)
+    assert ours["promoted_tokens"]["value"] == 5
+    assert histogram_distribution(ours["draft_depth"]) == [("1.0", 0), ("2.0", 4), ("4.0", 16)]
+    assert "vllm:generation_tokens" not in counts
+
+
+def test_no_speculation_means_acceptance_length_one():
+    figures = spec_figures(delta({}, snapshot([])))
+    assert figures["mean_acceptance_length"] == 1.0 and figures["draft_tokens_per_step"] == 0.0
+    assert figures["draft_acceptance_rate"] is None
+
+
+def test_percentile():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile(list(range(101)), 99) == 99.0
