@@ -10,9 +10,10 @@ speculative rejection sampling. A path may use at most ``promotion_allowance[b]`
 
 Greedy: every node that matches or is promotable is accepted; the result is the longest
 accepted root-to-node path whose promotions fit the allowance, ties broken by the cumulative
-target log-probability of the path (only computed when a promotion is possible; without one,
-equally long matching paths differ only by duplicate sibling tokens and the lowest index wins),
-then by the lowest node index. The next token is the target's argmax after that path.
+target log-probability of the path (normalising only the rows on tied paths, and only when a
+promotion is possible: without one, equally long matching paths differ only by duplicate
+sibling tokens and the lowest index wins), then by the lowest node index. The next token is
+the target's argmax after that path.
 
 Sampled, deterministic drafts (one-hot q): recursive rejection over siblings in index order;
 after rejecting siblings t_1..t_{j-1} the residual is p with those tokens removed, so child j
@@ -22,8 +23,13 @@ satisfies the margin test is promoted (when the allowance permits); otherwise th
 and the next token is drawn from the residual (p without the children's tokens; p itself at a
 leaf). This is exactly distribution preserving when nothing is promoted. With ``draft_probs``
 (chains only) a child passes with min(1, p/q) and the residual is norm(max(p - q, 0)).
-Every node's pass/fail is decided up front from one uniform draw per node, so the walk is a
-few batched tensor ops plus one loop over depth levels.
+Every node's pass/fail is decided up front from one uniform draw per node, so at most one
+child per node is taken and the walk is the deepest node whose root path (read off the tree's
+ancestor mask) was taken throughout: a fixed number of batched tensor ops, no Python loop.
+
+Vocabulary-wide work per call: greedy = one argmax over the rows (the pass vLLM's own greedy
+verification makes); sampled = one max over the rows only when a promotion is possible, plus a
+cumulative sum over one residual row per sequence for the next token.
 """
 
 from __future__ import annotations
@@ -72,42 +78,42 @@ def _promotion_inputs(tau, allowance, batch: int, slots: int, device) -> tuple[t
     return tau_t, allowance_t, bool(((tau_t < 1.0) & (allowance_t > 0)).any()) if batch else False
 
 
-def _choose_path(
-    trees: DraftTrees,
-    ok: torch.Tensor,
-    promoted: torch.Tensor | None,
-    score: torch.Tensor | None,
-    allowance: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Deepest node whose whole root path is ``ok`` with at most ``allowance`` promoted nodes on it;
-    ties by summed ``score`` along the path (when given), then the lowest index.
-
-    Returns (best node or -1 [B], number accepted [B], promotions used [B], path nodes [B, D])."""
-    depths = trees.depths
-    batch, slots = depths.shape
-    if slots == 0:
-        none = torch.full((batch,), -1, dtype=torch.long, device=depths.device)
-        return none, torch.zeros_like(none), torch.zeros_like(none), depths.new_zeros(batch, 0)
-    ancestors = trees.ancestor_mask()  # [B, N, N]: row i = the nodes on i's root path
+def _reachable(trees: DraftTrees, ok: torch.Tensor, promoted: torch.Tensor | None, allowance: torch.Tensor) -> torch.Tensor:
+    """[B, N] bool: every node on the root path is ``ok`` and at most ``allowance`` of them are promoted."""
+    ancestors = trees.ancestor_mask()  # row i = the nodes on i's root path
     path_ok = ~(ancestors & ~ok.unsqueeze(1)).any(-1)
     if promoted is not None:
         path_ok &= (ancestors & promoted.unsqueeze(1)).sum(-1) <= allowance[:, None]
-    reach = torch.where(path_ok, depths, 0)
+    return path_ok
+
+
+def _deepest(trees: DraftTrees, path_ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(number accepted [B], the first reachable node of the greatest depth [B], -1 if none)."""
+    batch = trees.batch_size
+    if trees.num_slots == 0:
+        return torch.zeros(batch, dtype=torch.long, device=trees.device), torch.full(
+            (batch,), -1, dtype=torch.long, device=trees.device
+        )
+    reach = torch.where(path_ok, trees.depths, 0)
     num_accepted = reach.amax(1)
-    if score is None:
-        best = reach.argmax(1)  # first node of the greatest depth
-    else:
-        path_score = (ancestors * score.unsqueeze(1)).sum(-1)
-        best = torch.where(path_ok & (depths == num_accepted[:, None]), path_score, float("-inf")).argmax(1)
-    found = num_accepted > 0
-    best = torch.where(found, best, -1)
-    on_path = ancestors.gather(1, best.clamp(min=0)[:, None, None].expand(batch, 1, slots))[:, 0] & found[:, None]
+    return num_accepted, torch.where(num_accepted > 0, reach.argmax(1), -1)
+
+
+def _take_path(
+    trees: DraftTrees, best: torch.Tensor, promoted: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(promotions used [B], the root path of ``best`` as node indices [B, D], -1 padded)."""
+    batch, slots, depth = trees.batch_size, trees.num_slots, trees.max_depth
+    if slots == 0:
+        return torch.zeros_like(best), torch.full((batch, depth), -1, dtype=torch.long, device=best.device)
+    ancestors = trees.ancestor_mask()
+    on_path = ancestors.gather(1, best.clamp(min=0)[:, None, None].expand(batch, 1, slots))[:, 0]
+    on_path &= (best >= 0).unsqueeze(1)
     used = (on_path & promoted).sum(1) if promoted is not None else torch.zeros_like(best)
-    depth = trees.max_depth
-    column = torch.where(on_path, depths - 1, depth)
-    index = torch.arange(slots, device=depths.device).expand(batch, slots)
-    path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=depths.device).scatter_(1, column, index)
-    return best, num_accepted, used, path[:, :depth]
+    column = torch.where(on_path, trees.depths - 1, depth)
+    index = torch.arange(slots, device=best.device).expand(batch, slots)
+    path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=best.device).scatter_(1, column, index)
+    return used, path[:, :depth]
 
 
 def _result(
@@ -141,21 +147,43 @@ def verify_greedy(
     top = target_logits.argmax(-1)  # [B, N+1]; first index on ties, exactly like greedy decoding
     match = (tokens == top.gather(1, rows)) & trees.node_mask
     tau_t, allowance, any_promotion = _promotion_inputs(tau, promotion_allowance, batch, slots, device)
-    if not any_promotion:  # strict matching: nothing else to compute
-        best, num_accepted, used, path = _choose_path(trees, match, None, None, allowance)
-        return _result(trees, path, None, num_accepted, top.gather(1, (best + 1)[:, None])[:, 0], used)
-
-    batch_index = torch.arange(batch, device=device)[:, None]
-    token_logit = target_logits[batch_index, rows, tokens].float()
-    top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float().gather(1, rows)
-    can_promote = (tau_t < 1.0) & (allowance > 0)
-    ratio = (token_logit - top_logit).double().exp()
-    promotable = trees.node_mask & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
-    log_norm = torch.logsumexp(target_logits.float(), dim=-1)
-    score = torch.where(trees.node_mask, token_logit - log_norm.gather(1, rows), 0.0)
-    best, num_accepted, used, path = _choose_path(trees, match | promotable, promotable, score, allowance)
+    promotable = None
+    if any_promotion:
+        batch_index = torch.arange(batch, device=device)[:, None]
+        token_logit = target_logits[batch_index, rows, tokens].float()
+        top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float().gather(1, rows)
+        can_promote = (tau_t < 1.0) & (allowance > 0)
+        ratio = (token_logit - top_logit).double().exp()
+        promotable = trees.node_mask & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
+        path_ok = _reachable(trees, match | promotable, promotable, allowance)
+        num_accepted, best = _deepest(trees, path_ok)
+        best = _break_ties(target_logits, trees, rows, token_logit, path_ok, num_accepted, best)
+    else:  # strict matching: nothing else to compute
+        num_accepted, best = _deepest(trees, _reachable(trees, match, None, allowance))
+    used, path = _take_path(trees, best, promotable)
     next_token = top.gather(1, (best + 1)[:, None])[:, 0]
     return _result(trees, path, promotable, num_accepted, next_token, used)
+
+
+def _break_ties(target_logits, trees, rows, token_logit, path_ok, num_accepted, best) -> torch.Tensor:
+    """Among several reachable nodes of the greatest depth, the one whose path has the highest
+    target log-probability (first on ties). Only the rows on tied paths are normalised."""
+    if trees.num_slots == 0:
+        return best
+    deepest = path_ok & (trees.depths == num_accepted[:, None]) & (num_accepted[:, None] > 0)
+    tied = deepest.sum(1) > 1
+    if not bool(tied.any()):
+        return best
+    ancestors = trees.ancestor_mask()
+    on_tied_paths = (ancestors & deepest.unsqueeze(2)).any(1) & tied[:, None]
+    batch_index, node_index = on_tied_paths.nonzero(as_tuple=True)
+    log_norm = torch.logsumexp(target_logits[batch_index, rows[batch_index, node_index]].float(), dim=-1)
+    score = torch.zeros_like(token_logit).index_put_(
+        (batch_index, node_index), token_logit[batch_index, node_index] - log_norm
+    )
+    path_score = (ancestors * score.unsqueeze(1)).sum(-1)
+    chosen = torch.where(deepest, path_score, float("-inf")).argmax(1)
+    return torch.where(tied, chosen, best)
 
 
 def verify_sampled(
@@ -211,7 +239,8 @@ def verify_sampled(
         beaten = same_parent & promotable.unsqueeze(1) & ((other > this) | ((other == this) & earlier))
         promoted = promotable & ~beaten.any(-1)
     accepted = first_pass | promoted if promoted is not None else first_pass
-    best, num_accepted, used, path = _choose_path(trees, accepted, promoted, None, allowance)
+    num_accepted, best = _deepest(trees, _reachable(trees, accepted, promoted, allowance))
+    used, path = _take_path(trees, best, promoted)
 
     # Next token: from the residual at the last accepted node (the row itself at a leaf).
     vocab = target_probs.shape[2]
@@ -227,6 +256,11 @@ def verify_sampled(
         residual = torch.where(children.any(1, keepdim=True), (row - q_child).clamp(min=0.0), row)
     else:
         residual = row
-    residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, row)
-    next_token = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    # Inverse-CDF draw (one cumsum + a binary search; much cheaper than multinomial on a large vocab).
+    cdf = residual.double().cumsum(1)
+    empty = cdf[:, -1] <= 0
+    if bool(empty.any()):  # numerically nothing left: fall back to the row
+        cdf = torch.where(empty[:, None], row.double().cumsum(1), cdf)
+    draw = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64) * cdf[:, -1:]
+    next_token = torch.searchsorted(cdf, draw, right=True)[:, 0].clamp(max=vocab - 1)
     return _result(trees, path, promoted, num_accepted, next_token, used)

@@ -234,12 +234,14 @@ class TreeBuilder:
         absent = float("-inf")
         # Added to cumulative log-probs: 0 where a sequence uses a width slot / is still growing, -inf elsewhere.
         slot = torch.arange(self.max_width, device=self.device)
-        self._slot_bias = torch.where(slot < width[:, None], 0.0, absent)
+        slot_bias = torch.where(slot < width[:, None], 0.0, absent)  # [B, W]
         level = torch.arange(self.max_depth + 1, device=self.device)
-        self._open_bias = torch.where(level[:, None] < depth[None, :], 0.0, absent)  # [levels, B]
+        open_bias = torch.where(level[:, None, None] < depth[None, :, None], 0.0, absent)  # [levels, B, 1]
+        self._candidate_bias = slot_bias.unsqueeze(1)  # [B, 1, W]
+        self._frontier_bias = open_bias + slot_bias  # [levels, B, W]
         self.level = 0
         self._frontier_ids = torch.full((batch, 1), ROOT, dtype=torch.long, device=self.device)
-        self._frontier_cum = self._open_bias[0].unsqueeze(1).clone()
+        self._frontier_cum = open_bias[0].clone()
         self._levels: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # tokens, cum, frontier ids
         self._size = 0
 
@@ -274,12 +276,13 @@ class TreeBuilder:
         return tokens, parents, torch.isfinite(cum)
 
     def _pool(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        width = self.max_width
-        return (
-            torch.cat([level[0] for level in self._levels], dim=1),
-            torch.cat([level[1] for level in self._levels], dim=1),
-            torch.cat([level[2].repeat_interleave(width, dim=1) for level in self._levels], dim=1),
-        )
+        tokens = torch.cat([level[0] for level in self._levels], dim=1)
+        # Frontiers hold 1, W, W, ... slots and levels W, W*W, W*W, ... nodes: node j's parent is
+        # frontier slot j // W of the concatenated frontiers.
+        frontiers = torch.cat([level[2] for level in self._levels], dim=1)
+        slot = torch.arange(tokens.shape[1], device=self.device) // self.max_width
+        parents = frontiers.gather(1, slot.expand(tokens.shape[0], -1))
+        return tokens, torch.cat([level[1] for level in self._levels], dim=1), parents
 
     def add_level(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor) -> None:
         """Expand the frontier: ``cand_tokens`` / ``cand_logprobs`` are [B, F, K] (any K >= 1), the
@@ -305,13 +308,13 @@ class TreeBuilder:
         elif count < width:
             logprobs = torch.nn.functional.pad(logprobs, (0, width - count), value=absent)
             tokens = torch.nn.functional.pad(tokens, (0, width - count), value=0)
-        cum = self._frontier_cum.unsqueeze(2) + logprobs.clamp(max=0.0) + self._slot_bias.unsqueeze(1)
+        cum = self._frontier_cum.unsqueeze(2) + logprobs.clamp(max=0.0) + self._candidate_bias
         cum = cum.reshape(batch, frontier * width)
         self._levels.append((tokens.reshape(batch, frontier * width), cum, self._frontier_ids))
         self.level += 1
         if not self.done:
             best_cum, best = cum.sort(dim=1, descending=True, stable=True)
-            self._frontier_cum = best_cum[:, :width] + self._slot_bias + self._open_bias[self.level].unsqueeze(1)
+            self._frontier_cum = best_cum[:, :width] + self._frontier_bias[self.level]
             self._frontier_ids = best[:, :width] + self._size
         self._size += frontier * width
 
