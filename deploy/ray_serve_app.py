@@ -101,14 +101,30 @@ class AppArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    vllm_args: dict[str, Any] = Field(description="`vllm serve` flags as key: value; `model` is required")
+    vllm_args: dict[str, Any] = Field(description="`vllm serve` flags as key: value")
+    model_pair: str | None = Field(
+        None,
+        description="a pair built by `adaptivespec models prepare`: fills in `model` and the drafter "
+        "(`speculative_config.model`) where vllm_args leaves them out",
+    )
+
+    def resolved_vllm_args(self) -> dict[str, Any]:
+        settings = dict(self.vllm_args)
+        if self.model_pair is not None:
+            from vllm_adaptivespec.models import model_path
+
+            settings.setdefault("model", str(model_path(self.model_pair, "target")))
+            speculative = dict(settings.get("speculative_config") or {"method": "draft_model"})
+            speculative.setdefault("model", str(model_path(self.model_pair, "drafter")))
+            settings["speculative_config"] = speculative
+        return settings
 
 
 def build_app(args: dict[str, Any]) -> Application:
     """Application builder for `serve run` (import path `ray_serve_app:build_app`).
 
     The vLLM arguments are parsed here too, so a bad flag fails the deployment at once instead of
-    in every replica."""
-    settings = AppArgs.model_validate(args)
-    parse_vllm_args(settings.vllm_args)
-    return AdaptiveSpecVLLM.bind(settings.vllm_args)
+    in every replica. Model paths are resolved here, once: every node must see them at the same path."""
+    vllm_args = AppArgs.model_validate(args).resolved_vllm_args()
+    parse_vllm_args(vllm_args)
+    return AdaptiveSpecVLLM.bind(vllm_args)
