@@ -11,7 +11,7 @@ import logging
 import sys
 
 from .models.errors import ModelPrepareError
-from .models.prepare import model_path, prepare, role_dir, role_source
+from .models.build import model_path, prepare, role_dir, role_source
 from .models.specs import DEFAULT_PAIR, PAIRS, ROLES
 from .models.store import cache_root, is_complete
 

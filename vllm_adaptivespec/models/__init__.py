@@ -12,7 +12,7 @@ from .errors import (
     UnknownPairError,
     WheelContentError,
 )
-from .prepare import PreparedPair, model_path, prepare
+from .build import PreparedPair, model_path, prepare
 from .specs import DEFAULT_PAIR, PAIRS
 
 __all__ = [
