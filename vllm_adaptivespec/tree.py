@@ -234,6 +234,7 @@ class TreeBuilder:
         absent = float("-inf")
         # Added to cumulative log-probs: 0 where a sequence uses a width slot / is still growing, -inf elsewhere.
         slot = torch.arange(self.max_width, device=self.device)
+        self._slot_ids = slot.expand(batch, self.max_width)
         slot_bias = torch.where(slot < width[:, None], 0.0, absent)  # [B, W]
         level = torch.arange(self.max_depth + 1, device=self.device)
         open_bias = torch.where(level[:, None, None] < depth[None, :, None], 0.0, absent)  # [levels, B, 1]
@@ -255,7 +256,7 @@ class TreeBuilder:
 
     def frontier(self) -> tuple[torch.Tensor, torch.Tensor]:
         """([B, F] node ids to expand next, -1 = the root or padding; [B, F] bool: really expand)."""
-        valid = torch.isfinite(self._frontier_cum)
+        valid = self._frontier_cum > float("-inf")
         return torch.where(valid, self._frontier_ids, ROOT), valid
 
     def frontier_tokens(self) -> torch.Tensor:
@@ -273,7 +274,7 @@ class TreeBuilder:
             empty = torch.zeros(self.batch_size, 0, dtype=torch.long, device=self.device)
             return empty, empty, empty.bool()
         tokens, cum, parents = self._pool()
-        return tokens, parents, torch.isfinite(cum)
+        return tokens, parents, cum > float("-inf")
 
     def _pool(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens = torch.cat([level[0] for level in self._levels], dim=1)
@@ -312,7 +313,12 @@ class TreeBuilder:
         cum = cum.reshape(batch, frontier * width)
         self._levels.append((tokens.reshape(batch, frontier * width), cum, self._frontier_ids))
         self.level += 1
-        if not self.done:
+        if self.done:
+            pass
+        elif frontier == 1:  # all width new nodes form the next frontier, slot for slot
+            self._frontier_cum = cum + self._frontier_bias[self.level]
+            self._frontier_ids = self._slot_ids + self._size
+        else:
             best_cum, best = cum.sort(dim=1, descending=True, stable=True)
             self._frontier_cum = best_cum[:, :width] + self._frontier_bias[self.level]
             self._frontier_ids = best[:, :width] + self._size
@@ -329,15 +335,17 @@ class TreeBuilder:
             )
         tokens, cum, parents = self._pool()
         pool = tokens.shape[1]
-        sizes = torch.tensor([level[0].shape[1] for level in self._levels], device=device)
-        depth = torch.repeat_interleave(torch.arange(1, len(self._levels) + 1, device=device), sizes)
+        depth = torch.tensor(
+            [level for level, (nodes, _, _) in enumerate(self._levels, start=1) for _ in range(nodes.shape[1])],
+            device=device,
+        )
         pool_index = torch.arange(pool, device=device).expand(batch, pool)
 
         # Rank by cumulative log-prob; the stable sort keeps creation order on ties, so an ancestor
         # (never less likely, created earlier) always ranks before its descendants.
         order = cum.sort(dim=1, descending=True, stable=True)[1]
         rank = torch.empty_like(order).scatter_(1, order, pool_index)
-        num_nodes = torch.minimum(self._nodes, torch.isfinite(cum).sum(1))
+        num_nodes = torch.minimum(self._nodes, (cum > float("-inf")).sum(1))
         keep = rank < num_nodes[:, None]
 
         # Top-1 chain: each parent's best kept child is its lowest-ranked one. Slot p = node p,

@@ -48,12 +48,21 @@ def build_reference(shape, levels, max_width):
                 node = PoolNode(node_id, frontier[f][0], int(tokens[f, k]), frontier[f][1] + lp.clamp(max=0), level)
                 pool.append(node)
                 new.append(node)
-        offset += len(frontier_ok) * max_width
-        best = sorted(new, key=lambda n: (-float(n.cum), n.id))
-        frontier = [(n.id, n.cum) for n in best[:max_width]]
-        frontier_ok = [slot < shape.width and level < shape.depth for slot in range(len(frontier))]
-        frontier += [(-1, torch.tensor(0.0))] * (max_width - len(frontier))
-        frontier_ok += [False] * (max_width - len(frontier_ok))
+        level_slots = len(frontier_ok) * max_width
+        if len(frontier_ok) == 1:  # the root's children become the frontier slot for slot
+            by_id = {n.id: n for n in new}
+            frontier, frontier_ok = [], []
+            for slot in range(max_width):
+                node = by_id.get(offset + slot)
+                frontier.append((node.id, node.cum) if node else (-1, torch.tensor(0.0)))
+                frontier_ok.append(node is not None and slot < shape.width and level < shape.depth)
+        else:
+            best = sorted(new, key=lambda n: (-float(n.cum), n.id))
+            frontier = [(n.id, n.cum) for n in best[:max_width]]
+            frontier_ok = [slot < shape.width and level < shape.depth for slot in range(len(frontier))]
+            frontier += [(-1, torch.tensor(0.0))] * (max_width - len(frontier))
+            frontier_ok += [False] * (max_width - len(frontier_ok))
+        offset += level_slots
     ranked = sorted(pool, key=lambda n: (-float(n.cum), n.id))
     kept = {n.id for n in ranked[: shape.nodes]}
     chain = []
