@@ -25,7 +25,7 @@ leaf). This is exactly distribution preserving when nothing is promoted. With ``
 (chains only) a child passes with min(1, p/q) and the residual is norm(max(p - q, 0)).
 Every node's pass/fail is decided up front from one uniform draw per node, so at most one
 child per node is taken and the walk is the deepest node whose root path (read off the tree's
-ancestor mask) was taken throughout: a fixed number of batched tensor ops, no Python loop.
+ancestor table) was taken throughout: a fixed number of batched tensor ops, no Python loop.
 
 Vocabulary-wide work per call: greedy = one argmax over the rows (the pass vLLM's own greedy
 verification makes); sampled = one max over the rows only when a promotion is possible, plus a
@@ -78,12 +78,19 @@ def _promotion_inputs(tau, allowance, batch: int, slots: int, device) -> tuple[t
     return tau_t, allowance_t, bool(((tau_t < 1.0) & (allowance_t > 0)).any()) if batch else False
 
 
+def _on_paths(trees: DraftTrees, values: torch.Tensor, fill) -> torch.Tensor:
+    """[B, N, D]: ``values`` [B, N] of the nodes on each node's root path (``fill`` beyond it)."""
+    ids = trees.ancestor_ids()
+    batch, slots, depth = ids.shape
+    gathered = values.gather(1, ids.clamp(min=0).reshape(batch, slots * depth)).reshape(batch, slots, depth)
+    return torch.where(ids >= 0, gathered, fill)
+
+
 def _reachable(trees: DraftTrees, ok: torch.Tensor, promoted: torch.Tensor | None, allowance: torch.Tensor) -> torch.Tensor:
     """[B, N] bool: every node on the root path is ``ok`` and at most ``allowance`` of them are promoted."""
-    ancestors = trees.ancestor_mask()  # row i = the nodes on i's root path
-    path_ok = ~(ancestors & ~ok.unsqueeze(1)).any(-1)
+    path_ok = _on_paths(trees, ok, True).all(-1) & trees.node_mask
     if promoted is not None:
-        path_ok &= (ancestors & promoted.unsqueeze(1)).sum(-1) <= allowance[:, None]
+        path_ok &= _on_paths(trees, promoted, False).sum(-1) <= allowance[:, None]
     return path_ok
 
 
@@ -106,14 +113,12 @@ def _take_path(
     batch, slots, depth = trees.batch_size, trees.num_slots, trees.max_depth
     if slots == 0:
         return torch.zeros_like(best), torch.full((batch, depth), -1, dtype=torch.long, device=best.device)
-    ancestors = trees.ancestor_mask()
-    on_path = ancestors.gather(1, best.clamp(min=0)[:, None, None].expand(batch, 1, slots))[:, 0]
-    on_path &= (best >= 0).unsqueeze(1)
-    used = (on_path & promoted).sum(1) if promoted is not None else torch.zeros_like(best)
-    column = torch.where(on_path, trees.depths - 1, depth)
-    index = torch.arange(slots, device=best.device).expand(batch, slots)
-    path = torch.full((batch, depth + 1), -1, dtype=torch.long, device=best.device).scatter_(1, column, index)
-    return used, path[:, :depth]
+    path = trees.ancestor_ids().gather(1, best.clamp(min=0)[:, None, None].expand(batch, 1, depth))[:, 0]
+    path = torch.where((best >= 0).unsqueeze(1), path, -1)
+    if promoted is None:
+        return torch.zeros_like(best), path
+    used = (promoted.gather(1, path.clamp(min=0)) & (path >= 0)).sum(1)
+    return used, path
 
 
 def _result(
@@ -174,14 +179,17 @@ def _break_ties(target_logits, trees, rows, token_logit, path_ok, num_accepted, 
     tied = deepest.sum(1) > 1
     if not bool(tied.any()):
         return best
-    ancestors = trees.ancestor_mask()
-    on_tied_paths = (ancestors & deepest.unsqueeze(2)).any(1) & tied[:, None]
-    batch_index, node_index = on_tied_paths.nonzero(as_tuple=True)
+    ids = trees.ancestor_ids()
+    batch, slots, depth = ids.shape
+    on_tied_paths = torch.zeros(batch, slots + 1, dtype=torch.bool, device=ids.device)
+    candidates = deepest & tied[:, None]
+    on_tied_paths.scatter_(1, torch.where(candidates.unsqueeze(2) & (ids >= 0), ids, slots).reshape(batch, -1), True)
+    batch_index, node_index = on_tied_paths[:, :slots].nonzero(as_tuple=True)
     log_norm = torch.logsumexp(target_logits[batch_index, rows[batch_index, node_index]].float(), dim=-1)
     score = torch.zeros_like(token_logit).index_put_(
         (batch_index, node_index), token_logit[batch_index, node_index] - log_norm
     )
-    path_score = (ancestors * score.unsqueeze(1)).sum(-1)
+    path_score = _on_paths(trees, score, 0.0).sum(-1)
     chosen = torch.where(deepest, path_score, float("-inf")).argmax(1)
     return torch.where(tied, chosen, best)
 
@@ -208,7 +216,8 @@ def verify_sampled(
 
     p_token = torch.where(valid, target_probs[batch_index, rows, tokens].float(), 0.0)
     same_parent = valid.unsqueeze(2) & valid.unsqueeze(1) & (parents.unsqueeze(2) == parents.unsqueeze(1))
-    earlier = same_parent & torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)
+    node_index = torch.arange(slots, device=device)
+    earlier = same_parent & (node_index[None, :] < node_index[:, None])  # [b, i, j]: j is an earlier sibling of i
 
     if draft_probs is None:
         duplicate = (earlier & (tokens.unsqueeze(2) == tokens.unsqueeze(1))).any(-1)
@@ -218,8 +227,7 @@ def verify_sampled(
     else:
         if bool(earlier.any()):
             raise ValueError("verify_sampled with draft_probs supports chains only (a node has siblings)")
-        node_index = torch.arange(slots, device=device).expand(batch, slots)
-        q_token = torch.where(valid, draft_probs[batch_index, node_index, tokens].float(), 1.0)
+        q_token = torch.where(valid, draft_probs[batch_index, node_index.expand(batch, slots), tokens].float(), 1.0)
         pass_prob = p_token / q_token.clamp(min=1e-30)
     if uniforms is None:
         uniforms = torch.rand(batch, slots, generator=generator, device=device)

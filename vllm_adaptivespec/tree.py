@@ -46,7 +46,8 @@ class DraftTrees:
             self.max_depth = int(self.depths.max().item()) if self.depths.numel() else 0
         # Derived views, computed once: the engine (attention) and the verifier both need them.
         self._node_mask: torch.Tensor | None = None
-        self._ancestors: torch.Tensor | None = None
+        self._ancestor_ids: torch.Tensor | None = None
+        self._ancestor_mask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -80,23 +81,40 @@ class DraftTrees:
             self.max_depth,
         )
 
+    def ancestor_ids(self) -> torch.Tensor:
+        """[B, N, D] long: entry [b, i, d] is the node at depth d + 1 on node i's root path (node i
+        itself at d = depth_i - 1), -1 beyond it and for padding. Row i is i's root path, in order.
+        Computed once per tree (treat the tensors of a DraftTrees as read-only)."""
+        if self._ancestor_ids is None:
+            batch, slots, depth = self.batch_size, self.num_slots, self.max_depth
+            valid = self.node_mask
+            # Walk up from every node at once; slot N stands for "none" and maps to itself.
+            parent = torch.where(valid & (self.parents >= 0), self.parents, slots)
+            parent = torch.cat([parent, torch.full((batch, 1), slots, dtype=torch.long, device=self.device)], 1)
+            current = torch.where(valid, torch.arange(slots, device=self.device), slots)
+            walk = [current]
+            for _ in range(depth - 1):
+                current = parent.gather(1, current)
+                walk.append(current)
+            up = torch.stack(walk, dim=2)  # [B, N, D]: self, parent, grandparent, ...
+            steps = torch.arange(depth, device=self.device)
+            column = torch.where(up < slots, self.depths.unsqueeze(2) - 1 - steps, depth)
+            ids = torch.full((batch, slots, depth + 1), -1, dtype=torch.long, device=self.device)
+            self._ancestor_ids = ids.scatter_(2, column, up)[:, :, :depth]
+        return self._ancestor_ids
+
     def ancestor_mask(self) -> torch.Tensor:
         """[B, N, N] bool: mask[b, i, j] is True when node j is node i or one of its ancestors.
 
         The root (last committed token) is not a node: every node also sees it and the context.
-        Padding nodes see only themselves, so no attention row is empty. Computed once per tree
-        (treat the tensors of a DraftTrees as read-only)."""
-        if self._ancestors is None:
-            batch, slots = self.parents.shape
-            eye = torch.eye(slots, dtype=torch.bool, device=self.device)
-            # Row 0 stands for the root (no ancestors); row i + 1 for node i.
-            rows = torch.zeros(batch, slots + 1, slots, dtype=torch.bool, device=self.device)
-            rows[:, 1:] = eye
-            parent_row = (self.parents + 1).clamp(min=0).unsqueeze(-1).expand(batch, slots, slots)
-            for _ in range(max(0, self.max_depth - 1)):
-                rows[:, 1:] = rows.gather(1, parent_row) | eye
-            self._ancestors = rows[:, 1:]
-        return self._ancestors
+        Padding nodes see only themselves, so no attention row is empty. Computed once per tree."""
+        if self._ancestor_mask is None:
+            batch, slots = self.batch_size, self.num_slots
+            ids = self.ancestor_ids()
+            mask = torch.zeros(batch, slots, slots + 1, dtype=torch.bool, device=self.device)
+            mask.scatter_(2, torch.where(ids >= 0, ids, slots), True)
+            self._ancestor_mask = mask[:, :, :slots] | torch.eye(slots, dtype=torch.bool, device=self.device)
+        return self._ancestor_mask
 
     def positions(self, context_len: torch.Tensor) -> torch.Tensor:
         """[B, N] token positions: ``context_len`` is the root's position (tokens already in the
@@ -112,16 +130,9 @@ class DraftTrees:
         leaf = valid & ~has_child[:, :slots]
         num_leaves = int(leaf.sum(1).max().item()) if slots else 0
         leaves = (~leaf).to(torch.int8).argsort(dim=1, stable=True)[:, :num_leaves]
-        current = torch.where(leaf.gather(1, leaves), leaves, ROOT)
         depth = self.max_depth
-        out = torch.full((batch, num_leaves, depth + 1), -1, dtype=torch.long, device=self.device)
-        for _ in range(depth):
-            has = current >= 0
-            safe = current.clamp(min=0)
-            column = torch.where(has, self.depths.gather(1, safe) - 1, depth)
-            out.scatter_(2, column.unsqueeze(-1), current.unsqueeze(-1))
-            current = torch.where(has, self.parents.gather(1, safe), ROOT)
-        return out[:, :, :depth]
+        paths = self.ancestor_ids().gather(1, leaves.unsqueeze(2).expand(batch, num_leaves, depth))
+        return torch.where(leaf.gather(1, leaves).unsqueeze(2), paths, -1)
 
     def validate(self) -> None:
         """Raise ValueError unless the tensors follow the documented layout (for tests and debugging)."""
@@ -170,12 +181,10 @@ class DraftTrees:
             num_nodes=num_nodes,
             max_depth=depth,
         )
-        # A chain's ancestors are known without walking it: every earlier real node.
-        lower = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        # A chain's root paths are known without walking it: node i's path is 0..i.
         trees._node_mask = valid
-        trees._ancestors = (lower & valid[:, None, :] & valid[:, :, None]) | torch.eye(
-            length, dtype=torch.bool, device=device
-        )
+        on_path = (index[None, :] <= index[:, None]) & valid[:, :, None]  # [B, K, K]
+        trees._ancestor_ids = torch.where(on_path, index, -1)[:, :, :depth]
         return trees
 
     @classmethod
