@@ -50,6 +50,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     what.add_argument("--batches", type=_ints, help="concurrent requests, e.g. 1,8")
     what.add_argument("--temperatures", type=_floats, help="e.g. 0,0.7")
     what.add_argument("--humaneval-problems", help="comma-separated problem numbers, or 'all'")
+    what.add_argument("--humaneval-format", choices=("continue", "restate"), default="continue",
+                      help="continue: the answer opens with the problem's signature and docstring, the model "
+                           "writes the body; restate: the model writes the whole function (default: continue)")
     what.add_argument("--general-limit", type=int, help="number of general prompts (an evenly spread subset)")
     what.add_argument("--max-tokens-humaneval", type=int)
     what.add_argument("--max-tokens-general", type=int)
@@ -91,8 +94,7 @@ def _resolve_models(args) -> tuple[str, str | None, str | None, dict]:
         elif not Path(drafter).is_dir():
             drafter, problem = None, f"--drafter {args.drafter} is not a directory"
         return args.target, drafter, problem, {"pair": None, "target": args.target, "drafter": drafter}
-    from .models.errors import ModelPrepareError
-    from .models.prepare import model_path
+    from .models import ModelPrepareError, model_path
 
     try:
         target = str(model_path(args.pair, "target"))
@@ -137,6 +139,7 @@ def build_settings(args, target: str, drafter: str | None):
         batches=args.batches or preset["batches"],
         temperatures=args.temperatures if args.temperatures is not None else preset["temperatures"],
         humaneval_problems=problems,
+        humaneval_format=args.humaneval_format,
         general_limit=args.general_limit if args.general_limit is not None else preset["general_limit"],
         max_tokens=max_tokens,
         max_model_len=args.max_model_len,

@@ -46,6 +46,14 @@ def test_restated_function_in_a_new_code_block_is_used(problem):
     assert run_program(program, QUICK).passed
 
 
+def test_restate_format_answer_gets_the_prompt_imports():
+    item = humaneval_items([0], form="restate")[0]  # uses `List` from the prompt's `from typing import List`
+    assert item.answer_prefix.endswith("```python\n") and "def has_close_elements" not in item.answer_prefix
+    completion = ("def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+                  "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n")
+    assert score_humaneval([item.reference], [completion], QUICK)[0].passed
+
+
 def test_memory_and_file_limits_and_clean_environment(tmp_path):
     hog = run_program("x = bytearray(4 << 30)\n", Limits(timeout_s=5, memory_bytes=256 << 20))
     assert hog.status == "failed" and "MemoryError" in hog.detail

@@ -56,7 +56,8 @@ class Run:
         }
         self.store = ResultStore.open(settings.output, header, fresh=fresh)
         self.items: dict[str, list[Item]] = {
-            w: load(w, settings.humaneval_problems, settings.general_limit) for w in settings.workloads
+            w: load(w, settings.humaneval_problems, settings.general_limit, settings.humaneval_format)
+            for w in settings.workloads
         }
         self.cells = [(w, b, t) for w in settings.workloads for b in settings.batches for t in settings.temperatures]
         self.deadline = time.monotonic() + settings.budget_minutes * 60 if settings.budget_minutes else None
@@ -130,6 +131,7 @@ class Run:
                   + (f", {len(plots)} plots" if plots else ""))
 
     def _run_config(self, config: BenchConfig, cells: list[tuple], overall) -> None:
+        self.store.set_config(config.name, error=None)
         if config.needs_drafter and not self.settings.drafter:
             reason = f"needs the drafter model: {self.drafter_problem or 'no drafter given (--drafter)'}"
             self._say(f"adaptivespec bench: {config.name}: {reason}")
@@ -218,6 +220,8 @@ class Run:
     def _on_event(self, config, cells, event: dict, reported: set[int], bar, overall) -> str | None:
         kind = event["event"]
         if kind == "loaded":
+            self.store.set_config(config.name, engine_load_s=round(event["seconds"], 1),
+                                  max_model_len=event.get("max_model_len"))
             bar.set_description(f"  {config.name}: engine up in {event['seconds']:.0f} s")
         elif kind == "progress":
             workload, batch, temperature = cells[event["index"]]

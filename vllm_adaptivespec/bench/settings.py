@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,6 +55,7 @@ class BenchSettings(BaseModel):
     batches: list[int]
     temperatures: list[float]
     humaneval_problems: list[int] | None
+    humaneval_format: Literal["continue", "restate"] = "continue"
     general_limit: int | None
     max_tokens: dict[str, int]
     max_model_len: int = 2048
@@ -105,7 +107,7 @@ class BenchSettings(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of what makes two runs' cells comparable (not which configurations are run)."""
-        keys = ("target", "drafter", "workloads", "humaneval_problems", "general_limit", "max_tokens",
-                "max_model_len", "enforce_eager", "dtype")
+        keys = ("target", "drafter", "workloads", "humaneval_problems", "humaneval_format", "general_limit",
+                "max_tokens", "max_model_len", "enforce_eager", "dtype")
         data = {k: getattr(self, k) for k in keys}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -36,13 +36,17 @@ class Events:
             f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
 
 
-def render_prompt(tokenizer, item: dict) -> str:
-    """Chat-formatted prompt (+ the opening of the answer); plain text for models without a template."""
+def render_prompt(tokenizer, item: dict) -> dict:
+    """Token ids of the chat-formatted prompt plus the opening of the answer (vLLM's chat path adds
+    no special tokens to a rendered template either); plain text for models without a template."""
     try:
         text = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True, tokenize=False)
+        special = False
     except (ValueError, AttributeError):  # no chat template
         text = "\n\n".join(m["content"] for m in item["messages"]) + "\n\n"
-    return text + item.get("answer_prefix", "")
+        special = True
+    text += item.get("answer_prefix", "")
+    return {"prompt_token_ids": tokenizer.encode(text, add_special_tokens=special)}
 
 
 def sampling_params(cell: dict, item: dict):

