@@ -46,9 +46,13 @@ def parse_vllm_args(settings: dict[str, Any]):
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    class Parser(FlexibleArgumentParser):
+        def error(self, message):  # argparse would print and exit the replica; say what was wrong instead
+            raise ValueError(f"vllm_args: {message}")
+
     if "model" not in settings:
         raise ValueError("vllm_args.model is required (a model path or hub id)")
-    args = make_arg_parser(FlexibleArgumentParser(prog="ray_serve_app")).parse_args(vllm_cli_args(settings))
+    args = make_arg_parser(Parser(prog="ray_serve_app")).parse_args(vllm_cli_args(settings))
     validate_parsed_serve_args(args)
     return args
 
