@@ -252,23 +252,22 @@ def verify_sampled(
 
     # Next token: from the residual at the last accepted node (the row itself at a leaf).
     vocab = target_probs.shape[2]
-    row = target_probs.gather(1, (best + 1)[:, None, None].expand(batch, 1, vocab))[:, 0].float()
+    row = target_probs.gather(1, (best + 1)[:, None, None].expand(batch, 1, vocab))[:, 0].double()
     children = valid & (parents == best[:, None])
     if draft_probs is None:
-        residual = torch.nn.functional.pad(row, (0, 1))
-        residual.scatter_(1, torch.where(children, tokens, vocab), 0.0)
-        residual = residual[:, :vocab]
+        # Zero the children's tokens (multiply by 0; other slots multiply their own token by 1).
+        residual = row.clone().scatter_reduce_(1, tokens, (~children).double(), reduce="prod")
     elif slots:
         child = (best + 1).clamp(max=slots - 1)
-        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].float()
+        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].double()
         residual = torch.where(children.any(1, keepdim=True), (row - q_child).clamp(min=0.0), row)
     else:
         residual = row
     # Inverse-CDF draw (one cumsum + a binary search; much cheaper than multinomial on a large vocab).
-    cdf = residual.double().cumsum(1)
+    cdf = residual.cumsum(1)
     empty = cdf[:, -1] <= 0
     if bool(empty.any()):  # numerically nothing left: fall back to the row
-        cdf = torch.where(empty[:, None], row.double().cumsum(1), cdf)
+        cdf = torch.where(empty[:, None], row.cumsum(1), cdf)
     draw = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64) * cdf[:, -1:]
     next_token = torch.searchsorted(cdf, draw, right=True)[:, 0].clamp(max=vocab - 1)
     return _result(trees, path, promoted, num_accepted, next_token, used)
