@@ -309,7 +309,8 @@ class TreeBuilder:
             )
         width = self.max_width
         absent = float("-inf")
-        logprobs = cand_logprobs.to(device=self.device, dtype=torch.float32).nan_to_num(nan=absent, posinf=absent, neginf=absent)
+        logprobs = cand_logprobs.to(device=self.device, dtype=torch.float32)
+        logprobs = logprobs.nan_to_num(nan=absent, posinf=absent, neginf=absent)
         tokens = cand_tokens.to(device=self.device, dtype=torch.long)
         count = logprobs.shape[2]
         if count > width:
@@ -322,15 +323,14 @@ class TreeBuilder:
         cum = cum.reshape(batch, frontier * width)
         self._levels.append((tokens.reshape(batch, frontier * width), cum, self._frontier_ids))
         self.level += 1
-        if self.done:
-            pass
-        elif frontier == 1:  # all width new nodes form the next frontier, slot for slot
-            self._frontier_cum = cum + self._frontier_bias[self.level]
-            self._frontier_ids = self._slot_ids + self._size
-        else:
-            best_cum, best = cum.sort(dim=1, descending=True, stable=True)
-            self._frontier_cum = best_cum[:, :width] + self._frontier_bias[self.level]
-            self._frontier_ids = best[:, :width] + self._size
+        if not self.done:
+            if frontier == 1:  # all width new nodes form the next frontier, slot for slot
+                best_cum, best = cum, self._slot_ids
+            else:
+                best_cum, best = cum.sort(dim=1, descending=True, stable=True)
+                best_cum, best = best_cum[:, :width], best[:, :width]
+            self._frontier_cum = best_cum + self._frontier_bias[self.level]
+            self._frontier_ids = best + self._size
         self._size += frontier * width
 
     def finish(self) -> DraftTrees:
