@@ -204,7 +204,7 @@ def verify_sampled(
     uniforms: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Speculative rejection sampling over trees; ``target_probs`` [B, N+1, V] already processed
-    (temperature, top-p, ...); ``draft_probs`` [B, N, V], row i = the distribution node i's token
+    (temperature, top-p, ...), each row summing to 1; ``draft_probs`` [B, N, V], row i = the distribution node i's token
     was drawn from (chains only). ``uniforms`` [B, N] replaces the per-node random draws (tests)."""
     _check_rows(target_probs, trees)
     batch, slots = trees.tokens.shape
