@@ -34,8 +34,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "into --output (rewritten after every cell; re-running resumes).",
     )
     parser.add_argument("--mode", choices=("quick", "full"), default="quick",
-                        help="quick: a fixed 9-problem HumanEval subset, 8 general prompts, short answers, "
-                             "greedy, one tau, a 14-minute budget; full: everything (default: quick)")
+                        help="quick: ar, static-k4, policy-only, margin-k4@0.5, adaptive@0.5 on 4 fixed short "
+                             "HumanEval problems and 4 general prompts, batch 1, greedy, short answers, a "
+                             "14-minute budget; full: every configuration, 5 taus, all 164 problems and 62 "
+                             "prompts, batch 1 and 8, temperature 0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
     models.add_argument("--pair", default=DEFAULT_PAIR,
                         help="embedded model pair prepared by `adaptivespec models prepare` (default: qwen-coder)")
@@ -66,7 +68,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="discard results already in --output")
     run.add_argument("--budget-minutes", type=float,
                      help="stop starting configurations after this long; 0 = no limit (quick: 14)")
-    run.add_argument("--sandbox-timeout", type=float, default=10.0, help="seconds per HumanEval test program")
+    run.add_argument("--sandbox-timeout", type=float, default=20.0,
+                     help="wall-clock seconds per HumanEval test program (CPU time is capped at this + 1)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--list", action="store_true", help="print the configuration table and exit")
     parser.set_defaults(func=main)

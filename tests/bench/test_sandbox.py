@@ -10,7 +10,10 @@ from vllm_adaptivespec.bench.sandbox import Limits, run_program
 from vllm_adaptivespec.bench.scoring import humaneval_program, score_humaneval
 from vllm_adaptivespec.bench.workloads import humaneval_items
 
-QUICK = Limits(timeout_s=3.0)
+# Generous for programs that finish (the shared test machine can be slow to start Python),
+# short for the one that never does.
+QUICK = Limits(timeout_s=30.0)
+SHORT = Limits(timeout_s=2.0)
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +25,12 @@ def test_correct_incorrect_and_endless_answers(problem):
     right = "    return number % 1.0\n"
     wrong = "    return number\n"
     endless = "    while True:\n        pass\n"
-    begin = time.monotonic()
-    outcomes = score_humaneval([problem] * 3, [right, wrong, endless], QUICK, workers=3)
-    assert [o.status for o in outcomes] == ["passed", "failed", "timeout"]
+    outcomes = score_humaneval([problem] * 2, [right, wrong], QUICK, workers=2)
+    assert [o.status for o in outcomes] == ["passed", "failed"]
     assert "AssertionError" in outcomes[1].detail
-    assert time.monotonic() - begin < 15
+    begin = time.monotonic()
+    assert score_humaneval([problem], [endless], SHORT)[0].status == "timeout"
+    assert time.monotonic() - begin < 10
 
 
 def test_canonical_solutions_pass():
@@ -78,7 +82,7 @@ def test_children_left_behind_are_killed(tmp_path):
               f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n")
     begin = time.monotonic()
     assert run_program(source, QUICK).passed
-    assert time.monotonic() - begin < 10
+    assert time.monotonic() - begin < 30
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 5
     while _running(pid) and time.monotonic() < deadline:

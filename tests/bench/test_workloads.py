@@ -18,7 +18,9 @@ def test_humaneval_has_all_164_problems_and_the_quick_subset():
     assert [i.id for i in quick] == [f"HumanEval/{n}" for n in QUICK_HUMANEVAL]
     item = quick[0]
     assert item.answer_prefix.startswith("```python\n") and item.answer_prefix.endswith(item.reference["prompt"])
-    assert item.reference["prompt"] in item.messages[0]["content"]
+    assert item.reference["prompt"] not in item.messages[0]["content"]  # once, in the answer's opening
+    restated = humaneval_items(QUICK_HUMANEVAL, form="restate")[0]
+    assert restated.reference["prompt"] in restated.messages[0]["content"]
     with pytest.raises(ValueError, match="no such HumanEval problems"):
         humaneval_items([999])
 

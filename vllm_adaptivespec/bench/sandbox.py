@@ -20,7 +20,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0
+    timeout_s: float = 20.0  # wall clock; generous because a shared machine can be slow
     memory_bytes: int = 1 << 30
     file_bytes: int = 16 << 20
     open_files: int = 64

@@ -8,6 +8,7 @@ How requests are driven: the worker feeds `LLMEngine` itself (``add_request`` + 
 ``batch`` requests in flight, adding the next prompt when one finishes (closed loop). That gives:
 - output tokens/s = generated tokens of the cell / wall-clock from the first request added to the
   last one finished (prefill included);
+- every cell starts with an empty prefix cache, so no cell reuses another's prefill;
 - per-step latency = wall-clock of one ``LLMEngine.step()`` call, i.e. one engine iteration (one
   draft + verify round for every running request), counting only steps that returned tokens and
   prefilled no request. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the runner's default) the engine
@@ -160,6 +161,7 @@ def main(job_path: str, events_path: str) -> int:
                 done += 1
                 events.emit("progress", index=index, done=done, total=len(items))
 
+            engine.reset_prefix_cache()  # every cell starts cold, whatever ran before it
             before = snapshot(llm.get_metrics())
             result = run_cell(engine, prompts, params, cell["batch"], on_done)
             counts = delta(before, snapshot(llm.get_metrics()))

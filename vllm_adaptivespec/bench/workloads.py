@@ -20,8 +20,8 @@ GENERAL_PROMPTS = Path(__file__).parent / "data" / "general_prompts.json"
 #   model writes the body only (short generations);
 # - "restate" (EvalPlus' instruct style): the model writes the whole function in its own block.
 HUMANEVAL_FORMATS = {
-    "continue": (
-        "Complete the following Python function. Reply with the completed code only.\n\n```python\n{prompt}```",
+    "continue": (  # the problem appears once, in the answer, to keep prefill short
+        "Complete the Python function that follows. Reply with the completed code only.",
         "```python\n{prompt}",
     ),
     "restate": (
