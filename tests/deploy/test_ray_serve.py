@@ -70,6 +70,7 @@ def served(tmp_path_factory):
 
     tiny = write_tiny_models(tmp_path_factory.mktemp("tiny-models"))
     ray.init(
+        address="local",  # a new instance, never a cluster that happens to run on this machine
         num_cpus=2,
         include_dashboard=False,
         runtime_env={
