@@ -27,7 +27,8 @@ Every node's pass/fail is decided up front from one uniform draw per node, so at
 child per node is taken and the walk is the deepest node whose root path (read off the tree's
 ancestor table) was taken throughout: a fixed number of batched tensor ops, no Python loop.
 
-Vocabulary-wide work per call: greedy = one argmax over the rows (the pass vLLM's own greedy
+Vocabulary-wide work per call: greedy = one argmax over the rows that are some node's parent,
+plus the row after the chosen path (for a chain that is every row: the pass vLLM's own greedy
 verification makes); sampled = one max over the rows only when a promotion is possible, plus a
 cumulative sum over one residual row per sequence for the next token.
 """
@@ -149,14 +150,14 @@ def verify_greedy(
     tokens = trees.tokens
     rows = (trees.parents + 1).clamp(min=0)  # padding (parent -2) reads row 0; it is masked anyway
 
-    top = target_logits.argmax(-1)  # [B, N+1]; first index on ties, exactly like greedy decoding
+    top, all_rows = _parent_row_argmax(target_logits, trees, rows)
     match = (tokens == top.gather(1, rows)) & trees.node_mask
     tau_t, allowance, any_promotion = _promotion_inputs(tau, promotion_allowance, batch, slots, device)
     promotable = None
     if any_promotion:
         batch_index = torch.arange(batch, device=device)[:, None]
         token_logit = target_logits[batch_index, rows, tokens].float()
-        top_logit = target_logits.gather(2, top.unsqueeze(-1)).squeeze(-1).float().gather(1, rows)
+        top_logit = target_logits.gather(2, top.clamp(min=0).unsqueeze(-1)).squeeze(-1).float().gather(1, rows)
         can_promote = (tau_t < 1.0) & (allowance > 0)
         ratio = (token_logit - top_logit).double().exp()
         promotable = trees.node_mask & ~match & can_promote[:, None] & (ratio >= tau_t[:, None])
@@ -166,8 +167,32 @@ def verify_greedy(
     else:  # strict matching: nothing else to compute
         num_accepted, best = _deepest(trees, _reachable(trees, match, None, allowance))
     used, path = _take_path(trees, best, promotable)
-    next_token = top.gather(1, (best + 1)[:, None])[:, 0]
+    if all_rows:
+        next_token = top.gather(1, (best + 1)[:, None])[:, 0]
+    else:  # one more row per sequence: the one after the accepted path
+        last = target_logits.gather(1, (best + 1)[:, None, None].expand(batch, 1, target_logits.shape[2]))
+        next_token = last[:, 0].argmax(-1)
     return _result(trees, path, promotable, num_accepted, next_token, used)
+
+
+def _parent_row_argmax(target_logits: torch.Tensor, trees: DraftTrees, rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """([B, N+1] target argmax per row, whether every row has it).
+
+    The argmax over the vocabulary dominates the cost of greedy verification. Only rows that are
+    some node's parent row are judged against; the rows after leaves matter only for the one
+    leaf a path may end on. When leaves are many (wide trees) only the parent rows are reduced
+    here (-1 elsewhere) and the caller reduces the single row after the chosen path."""
+    batch, total = target_logits.shape[:2]
+    is_parent_row = torch.zeros(batch, total + 1, dtype=torch.bool, device=target_logits.device)
+    is_parent_row.scatter_(1, torch.where(trees.node_mask, rows, total), True)
+    is_parent_row = is_parent_row[:, :total]
+    needed = int(is_parent_row.sum()) + batch
+    if needed > 0.75 * batch * total:
+        return target_logits.argmax(-1), True  # first index on ties, exactly like greedy decoding
+    batch_index, row_index = is_parent_row.nonzero(as_tuple=True)
+    top = torch.full((batch, total), -1, dtype=torch.long, device=target_logits.device)
+    top[batch_index, row_index] = target_logits[batch_index, row_index].argmax(-1)
+    return top, False
 
 
 def _break_ties(target_logits, trees, rows, token_logit, path_ok, num_accepted, best) -> torch.Tensor:

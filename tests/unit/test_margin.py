@@ -111,7 +111,12 @@ def test_greedy_tree_verification_matches_brute_force_on_10000_trees():
     checked = 0
     for round_index in range(20):
         batch = 500
+        # Mostly bushy trees (the argmax runs on parent rows only); every 4th round long chains
+        # (nearly every row is a parent row, so the argmax runs on all rows).
         sample = [random_tree(rng, 7, VOCAB) for _ in range(batch)]
+        if round_index % 4 == 3:
+            sample = [(tokens, list(range(-1, len(tokens) - 1))) for tokens in
+                      ([rng.randrange(VOCAB) for _ in range(rng.randint(5, 7))] for _ in range(batch))]
         trees = DraftTrees.from_parents([s[0] for s in sample], [s[1] for s in sample])
         rows = trees.num_slots + 1
         gen = torch.Generator().manual_seed(round_index)
