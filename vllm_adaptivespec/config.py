@@ -48,6 +48,13 @@ class AdaptiveSpecConfig(BaseModel):
         "always ask for 1 (lossless).",
     )
 
+    min_request_tau: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        description="Loosest tau a single request may ask for (per-request overrides are checked against it).",
+    )
+
     min_depth: int = Field(1, ge=1, le=64, description="Shallowest draft (tokens).")
     max_depth: int = Field(6, ge=1, le=64, description="Deepest draft (tokens).")
     min_width: int = Field(1, ge=1, le=16, description="Fewest children per expanded node.")
@@ -116,6 +123,11 @@ class AdaptiveSpecConfig(BaseModel):
                 problems.append(
                     f"{_PREFIX}{low}: must be < {high} ({getattr(self, high)}) (got {getattr(self, low)})"
                 )
+        if self.tau < self.min_request_tau:
+            problems.append(
+                f"{_PREFIX}tau: must be >= min_request_tau ({self.min_request_tau}), the loosest margin "
+                f"this server allows (got {self.tau})"
+            )
         if self.max_promotions_per_step > self.max_promotions_per_window:
             problems.append(
                 f"{_PREFIX}max_promotions_per_step: must be <= max_promotions_per_window "

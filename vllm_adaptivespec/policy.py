@@ -30,8 +30,8 @@ A hardware ``node_cap`` below ``min_depth`` wins over ``min_depth``.
 Lossy budget: ``promotion_allowance()`` is how many margin promotions the next step may use,
 min(max_promotions_per_step, max_promotions_per_window - promotions in the previous
 history_window - 1 steps), so no run of ``history_window`` consecutive steps ever holds more
-than ``max_promotions_per_window`` promotions; it is 0 when tau = 1 or while the acceptance
-rate is below ``promotion_min_acceptance``.
+than ``max_promotions_per_window`` promotions; it is 0 when the step's tau (the request's, else
+the configured one) is 1, or while the acceptance rate is below ``promotion_min_acceptance``.
 
 Everything is O(1) per step and a policy is a few Python numbers plus a bounded deque.
 """
@@ -163,10 +163,12 @@ class SequencePolicy:
         totals[2] += accepted
         totals[3] += promoted
 
-    def promotion_allowance(self) -> int:
-        """Margin promotions the next step may use (see the lossy budget in the module docstring)."""
+    def promotion_allowance(self, tau: float | None = None) -> int:
+        """Margin promotions the next step may use (see the lossy budget in the module docstring);
+        ``tau`` is the request's own threshold when it overrides the configured one."""
         cfg = self.config
-        if cfg.lossless or self.acceptance_rate < cfg.promotion_min_acceptance:
+        lossless = (cfg.tau if tau is None else tau) >= 1.0
+        if lossless or self.acceptance_rate < cfg.promotion_min_acceptance:
             return 0
         recent = self._sum_promoted
         if len(self._window) == self._window.maxlen:

@@ -23,6 +23,8 @@ UNIT_FIELDS = [
     "confidence_weight", "prior_acceptance", "shallow_below", "deep_above", "wide_below",
     "narrow_above", "promotion_min_acceptance",
 ]
+# (0, 1] fields: tau and the loosest per-request tau.
+OPEN_UNIT_FIELDS = ["tau", "min_request_tau"]
 
 
 def problems(value) -> list[str]:
@@ -69,14 +71,16 @@ def test_every_bad_field_is_reported_at_once():
 
 
 @FAST
-@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5)))
-def test_tau_is_accepted_exactly_in_its_range(tau):
-    if isinstance(tau, float) and tau == tau and 0 < tau <= 1 or isinstance(tau, int) and tau == 1:
-        assert AdaptiveSpecConfig.parse({"tau": tau}).tau == tau
+@given(st.sampled_from(OPEN_UNIT_FIELDS), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5)))
+def test_taus_are_accepted_exactly_in_their_range(field, value):
+    # min_request_tau set to the same value keeps the tau >= min_request_tau check out of the way.
+    both = {"tau": value, "min_request_tau": value}
+    if isinstance(value, float) and value == value and 0 < value <= 1 or isinstance(value, int) and value == 1:
+        assert getattr(AdaptiveSpecConfig.parse(both), field) == value
     else:
-        (line,) = problems({"tau": tau})
-        assert line.startswith("adaptivespec.tau: must be a number in (0.0, 1.0]")
-        assert line.endswith(f"(got {tau!r})")
+        lines = problems({field: value})
+        assert lines[0].startswith(f"adaptivespec.{field}: must be a number in (0.0, 1.0]")
+        assert lines[0].endswith(f"(got {value!r})")
 
 
 @FAST
@@ -118,6 +122,7 @@ def test_unit_fields_name_field_and_range(field, value):
         ({"max_depth": 10, "max_nodes": 8}, "adaptivespec.max_nodes: must be >= max_depth (10)"),
         ({"shallow_below": 0.9, "deep_above": 0.5}, "adaptivespec.shallow_below: must be < deep_above (0.5) (got 0.9)"),
         ({"wide_below": 0.7, "narrow_above": 0.7}, "adaptivespec.wide_below: must be < narrow_above (0.7) (got 0.7)"),
+        ({"tau": 0.2, "min_request_tau": 0.4}, "adaptivespec.tau: must be >= min_request_tau (0.4)"),
         (
             {"max_promotions_per_step": 5, "max_promotions_per_window": 2},
             "adaptivespec.max_promotions_per_step: must be <= max_promotions_per_window (2) (got 5)",

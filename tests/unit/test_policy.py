@@ -36,7 +36,7 @@ def configs(draw):
     per_step = draw(st.integers(0, 5))
     return AdaptiveSpecConfig(
         mode=draw(st.sampled_from(["chain", "tree"])),
-        tau=draw(st.floats(0.05, 1.0)),
+        tau=draw(st.floats(0.1, 1.0)),
         min_depth=min_depth, max_depth=max_depth, min_width=min_width, max_width=max_width,
         min_nodes=min_nodes, max_nodes=max_nodes,
         history_window=draw(st.integers(1, 20)),
@@ -165,6 +165,14 @@ def test_lossy_budget_holds_through_real_verification():
     assert max(per_step) == 2 and sum(per_step) > 0
     for start in range(len(per_step)):
         assert sum(per_step[start : start + config.history_window]) <= config.max_promotions_per_window
+
+
+def test_request_tau_decides_whether_promotions_are_allowed():
+    lossless_server = SequencePolicy(AdaptiveSpecConfig())
+    assert lossless_server.promotion_allowance() == 0
+    assert lossless_server.promotion_allowance(tau=0.6) == 2  # a request asking for a margin gets one
+    lossy_server = SequencePolicy(AdaptiveSpecConfig(tau=0.5))
+    assert lossy_server.promotion_allowance(tau=1.0) == 0  # a request asking for lossless gets none
 
 
 def test_promotions_pause_while_acceptance_is_low():
