@@ -11,7 +11,8 @@ ENV VLLM_USE_V2_MODEL_RUNNER=0 \
     VLLM_NO_USAGE_STATS=1 \
     ADAPTIVESPEC_CACHE=/models \
     HF_HOME=/models/huggingface \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
 
 WORKDIR /opt/adaptivespec
 COPY setup.py README.md ./

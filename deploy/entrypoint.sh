@@ -32,9 +32,9 @@ export VLLM_USE_V2_MODEL_RUNNER="${VLLM_USE_V2_MODEL_RUNNER:-0}"  # AdaptiveSpec
 if [ -n "${MODEL_PAIR:-}" ]; then
   if [ "${ADAPTIVESPEC_PREPARE:-0}" = 1 ]; then adaptivespec models prepare --pair "$MODEL_PAIR" >&2; fi
   MODEL="${MODEL:-$(adaptivespec models path --pair "$MODEL_PAIR" --role target)}" \
-    || die "MODEL_PAIR=$MODEL_PAIR: no prepared target (set ADAPTIVESPEC_PREPARE=1 to build it)"
+    || die "MODEL_PAIR=$MODEL_PAIR: cannot resolve the target (see above; ADAPTIVESPEC_PREPARE=1 builds the pair)"
   DRAFT_MODEL="${DRAFT_MODEL:-$(adaptivespec models path --pair "$MODEL_PAIR" --role drafter)}" \
-    || die "MODEL_PAIR=$MODEL_PAIR: no prepared drafter (set ADAPTIVESPEC_PREPARE=1 to build it)"
+    || die "MODEL_PAIR=$MODEL_PAIR: cannot resolve the drafter (see above; ADAPTIVESPEC_PREPARE=1 builds the pair)"
 fi
 [ -n "${MODEL:-}" ] || die "MODEL is not set (a model path or hub id), nor MODEL_PAIR"
 

@@ -170,6 +170,9 @@ def test_entrypoint_resolves_a_prepared_pair(tmp_path):
     assert json.loads(_flag(argv, "--speculative-config"))["model"] == "/cache/drafter"
     # An explicit MODEL wins over the pair.
     assert _flag(_command({"MODEL_PAIR": "qwen-coder", "MODEL": "/other"}, path_prefix=tmp_path), "--model") == "/other"
+    # A pair the store cannot resolve stops the container.
+    failed = _entrypoint({"MODEL_PAIR": "unprepared"}, path_prefix=tmp_path)
+    assert failed.returncode == 64 and "MODEL_PAIR=unprepared: cannot resolve the target" in failed.stderr
 
 
 def test_entrypoint_launcher_follows_the_installed_vllm_distribution(tmp_path):
