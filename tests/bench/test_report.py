@@ -80,7 +80,8 @@ def test_adaptivespec_cells_without_plugin_metrics_are_flagged(data):
 def test_plots_are_written_as_png(data, tmp_path):
     derive(data)
     made = draw_all(data, tmp_path / "plots")
-    assert sorted(p.name for p in made) == ["depth_distribution.png", "pass_at_1_vs_tau.png", "speed_vs_tau.png"]
+    assert sorted(p.name for p in made) == ["draft_depth_distribution.png", "pass_at_1_vs_tau.png",
+                                                "speed_vs_tau.png"]
     for path in made:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 

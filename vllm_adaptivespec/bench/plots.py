@@ -1,4 +1,5 @@
-"""PNG figures of a run: speed vs tau, pass@1 vs tau, and the distribution of chosen draft depths.
+"""PNG figures of a run: speed vs tau, pass@1 vs tau, and the distribution of chosen draft depths
+(one figure per histogram the plugin exports).
 
 One panel per (workload, batch, temperature). Swept rows are drawn as lines over tau; the point at
 tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, the static row of the same depth
@@ -119,16 +120,17 @@ def pass_at_1_vs_tau(data: dict, path: Path) -> Path | None:
     return _save(plt, fig, axes, path, "HumanEval pass@1")
 
 
-def depth_distribution(data: dict, path: Path) -> Path | None:
-    """Share of request-steps at each draft depth the AdaptiveSpec policy chose (plugin histogram)."""
+def histogram_distribution_plot(data: dict, metric: str, path: Path) -> Path | None:
+    """Share of request-steps in each bucket of one AdaptiveSpec histogram (``draft_depth``, ...)."""
     groups = {}
     for key, cells in _groups(data).items():
-        found = {name: c["adaptivespec"]["draft_depth"] for name, c in cells.items()
-                 if ((c.get("adaptivespec") or {}).get("draft_depth") or {}).get("count")}
+        found = {name: c["adaptivespec"][metric] for name, c in cells.items()
+                 if ((c.get("adaptivespec") or {}).get(metric) or {}).get("count")}
         if found:
             groups[key] = found
     if not groups:
         return None
+    what = metric.replace("_", " ")
     plt, fig, axes = _figure(len(groups))
     for ax, ((workload, batch, temp), hists) in zip(axes, groups.items()):
         for name, hist in hists.items():
@@ -137,16 +139,27 @@ def depth_distribution(data: dict, path: Path) -> Path | None:
             ax.plot([d for d, _ in dist], [count / total for _, count in dist], marker="o", label=name)
         ax.set_title(f"{workload}, batch {batch}, T={temp:g}", fontsize="medium")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("draft depth (tokens)")
+        ax.set_xlabel(what)
         ax.set_ylabel("share of request-steps")
         ax.grid(alpha=0.3)
-    return _save(plt, fig, axes, path, "Draft depth chosen per request and step")
+    return _save(plt, fig, axes, path, f"AdaptiveSpec's {what} per request and step")
+
+
+def _histogram_metrics(data: dict) -> list[str]:
+    names = set()
+    for cell in data["cells"]:
+        for name, entry in (cell.get("adaptivespec") or {}).items():
+            if isinstance(entry, dict) and entry.get("type") == "histogram":
+                names.add(name)
+    return sorted(names)
 
 
 def draw_all(data: dict, directory: Path) -> list[Path]:
     made = [
         speed_vs_tau(data, directory / "speed_vs_tau.png"),
         pass_at_1_vs_tau(data, directory / "pass_at_1_vs_tau.png"),
-        depth_distribution(data, directory / "depth_distribution.png"),
+        # draft_depth today; any histogram the plugin adds later (nodes, width) gets its own figure
+        *(histogram_distribution_plot(data, metric, directory / f"{metric}_distribution.png")
+          for metric in _histogram_metrics(data)),
     ]
     return [p for p in made if p is not None]
