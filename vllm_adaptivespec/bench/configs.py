@@ -8,7 +8,7 @@ with. Rows marked ``per_tau`` are swept over the run's tau values and named ``<r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 DRAFTER = "<drafter>"  # replaced by the drafter's path
@@ -69,7 +69,7 @@ class BenchConfig:
     speculative_config: dict | None
     adaptivespec: dict | None
     about: str = ""
-    needs_drafter: bool = field(default=False)
+    needs_drafter: bool = False
 
     def engine_args(self) -> dict:
         return {

@@ -24,9 +24,10 @@ from .scoring import score_humaneval, score_word_problems
 from .settings import BenchSettings
 from .workloads import Item, load
 
-# Order configurations run in: the references first, then what is being measured, so a time
-# budget cuts the least central ones.
-RUN_ORDER = ("ar", "static", "adaptivespec", "dynamic", "ngram")
+# Order configurations run in (by table row): the references first, then what is being measured,
+# so a time budget cuts the least central ones.
+RUN_ORDER = ("ar", "static-k4", "adaptive", "policy-only", "margin-k4", "static-k2", "static-k6", "static-k8",
+             "dynamic", "ngram")
 POLL_S = 0.5
 
 
@@ -90,7 +91,7 @@ class Run:
             self.store.set_config(config.name, row=config.row, kind=config.kind, tau=config.tau,
                                   about=config.about, engine=config.engine_args())
         self.store.save()
-        configs.sort(key=lambda c: RUN_ORDER.index(c.kind))
+        configs.sort(key=lambda c: RUN_ORDER.index(c.row) if c.row in RUN_ORDER else len(RUN_ORDER))
         todo = {c.name: [cell for cell in self.cells if not self.store.done(c.name, *cell)] for c in configs}
         total = sum(len(v) for v in todo.values())
         if not configs:

@@ -26,7 +26,7 @@ PRESETS: dict[str, dict] = {
         "temperatures": [0.0],
         "humaneval_problems": QUICK_HUMANEVAL,
         "general_limit": 4,
-        "max_tokens": {"humaneval": 64, "general": 48},
+        "max_tokens": {"humaneval": 64, "general": 40},
         "budget_minutes": 14.0,
     },
     # The whole matrix of the issue: all 164 problems, all prompts, both batch sizes and temperatures.
