@@ -30,7 +30,7 @@ ancestor table) was taken throughout: a fixed number of batched tensor ops, no P
 Vocabulary-wide work per call: greedy = one argmax over the rows that are some node's parent,
 plus the row after the chosen path (for a chain that is every row: the pass vLLM's own greedy
 verification makes); sampled = one max over the rows only when a promotion is possible, plus a
-cumulative sum over one residual row per sequence for the next token.
+copy and one block-sum pass of one residual row per sequence for the next token.
 """
 
 from __future__ import annotations
@@ -277,22 +277,43 @@ def verify_sampled(
 
     # Next token: from the residual at the last accepted node (the row itself at a leaf).
     vocab = target_probs.shape[2]
-    row = target_probs.gather(1, (best + 1)[:, None, None].expand(batch, 1, vocab))[:, 0].double()
+    last_row = (best + 1)[:, None, None].expand(batch, 1, vocab)
+    residual = target_probs.gather(1, last_row)[:, 0].float()  # a fresh copy: edited in place
     children = valid & (parents == best[:, None])
     if draft_probs is None:
         # Zero the children's tokens (multiply by 0; other slots multiply their own token by 1).
-        residual = row.clone().scatter_reduce_(1, tokens, (~children).double(), reduce="prod")
+        residual.scatter_reduce_(1, tokens, (~children).float(), reduce="prod")
     elif slots:
         child = (best + 1).clamp(max=slots - 1)
-        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].double()
-        residual = torch.where(children.any(1, keepdim=True), (row - q_child).clamp(min=0.0), row)
-    else:
-        residual = row
-    # Inverse-CDF draw (one cumsum + a binary search; much cheaper than multinomial on a large vocab).
-    cdf = residual.cumsum(1)
-    empty = cdf[:, -1] <= 0
-    if bool(empty.any()):  # numerically nothing left: fall back to the row
-        cdf = torch.where(empty[:, None], row.cumsum(1), cdf)
-    draw = torch.rand(batch, 1, generator=generator, device=device, dtype=torch.float64) * cdf[:, -1:]
-    next_token = torch.searchsorted(cdf, draw, right=True)[:, 0].clamp(max=vocab - 1)
+        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].float()
+        residual = torch.where(children.any(1, keepdim=True), (residual - q_child).clamp(min=0.0), residual)
+    empty = residual.sum(1) <= 0
+    if bool(empty.any()):  # numerically nothing left: fall back to the row itself
+        residual = torch.where(empty[:, None], target_probs.gather(1, last_row)[:, 0].float(), residual)
+    next_token = sample_from_weights(residual, generator)
     return _result(trees, path, promoted, num_accepted, next_token, used)
+
+
+SAMPLE_BLOCK = 1024
+
+
+def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of ``weights`` [B, V] (non-negative, positive total), proportional to them.
+
+    Two-level inverse CDF: pick a block of SAMPLE_BLOCK tokens by its total, then a token inside
+    it. That is one vectorised pass over the vocabulary (the block sums) instead of a full cumsum
+    or multinomial, which are slow on CPU for a 150k vocabulary; exact up to float rounding."""
+    batch, vocab = weights.shape
+    weights = weights.contiguous()
+    full = vocab // SAMPLE_BLOCK * SAMPLE_BLOCK
+    sums = [weights[:, :full].reshape(batch, -1, SAMPLE_BLOCK).sum(-1)] if full else []
+    if full < vocab:
+        sums.append(weights[:, full:].sum(-1, keepdim=True))
+    block_cdf = torch.cat(sums, dim=1).double().cumsum(1)
+    uniforms = torch.rand(batch, 2, generator=generator, device=weights.device, dtype=torch.float64)
+    block = torch.searchsorted(block_cdf, uniforms[:, :1] * block_cdf[:, -1:], right=True)
+    start = block.clamp(max=block_cdf.shape[1] - 1) * SAMPLE_BLOCK  # [B, 1]
+    index = start + torch.arange(SAMPLE_BLOCK, device=weights.device)
+    inside = torch.where(index < vocab, weights.gather(1, index.clamp(max=vocab - 1)), 0.0).double().cumsum(1)
+    offset = torch.searchsorted(inside, uniforms[:, 1:] * inside[:, -1:], right=True).clamp(max=SAMPLE_BLOCK - 1)
+    return (start + offset)[:, 0]

@@ -12,6 +12,7 @@ from core_reference import chi_square_pvalue, greedy_reference, node_path, rando
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_adaptivespec import margin
 from vllm_adaptivespec.margin import VerifyResult, verify_greedy, verify_sampled
 from vllm_adaptivespec.policy import TreeShape
 from vllm_adaptivespec.tree import DraftTrees, TreeBuilder
@@ -391,3 +392,18 @@ def test_shape_errors_are_reported():
     trees = DraftTrees.chain(torch.tensor([[1, 2]]))
     with pytest.raises(ValueError, match=r"\[B=1, N\+1=3, V\]"):
         verify_greedy(torch.zeros(1, 2, 4), trees)
+
+
+@pytest.mark.parametrize("block", [16, 1024])
+def test_block_sampler_draws_in_proportion_to_the_weights(monkeypatch, block):
+    """The two-level draw behind every correction / bonus token: exact frequencies across full
+    blocks and a ragged tail, never a zero-weight token."""
+    monkeypatch.setattr(margin, "SAMPLE_BLOCK", block)
+    gen = torch.Generator().manual_seed(3)
+    vocab = 100 if block == 16 else 2500
+    weights = torch.rand(vocab, generator=gen) ** 3
+    weights[torch.rand(vocab, generator=gen) < 0.2] = 0.0
+    weights[16:32] = 0.0  # a whole empty block at the small block size
+    draws = margin.sample_from_weights(weights.expand(60_000, vocab), generator=gen)
+    assert weights[draws].min() > 0
+    assert chi_square_pvalue(torch.bincount(draws, minlength=vocab), weights / weights.sum()) > 1e-3
