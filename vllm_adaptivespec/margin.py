@@ -170,8 +170,7 @@ def verify_greedy(
     if all_rows:
         next_token = top.gather(1, (best + 1)[:, None])[:, 0]
     else:  # one more row per sequence: the one after the accepted path
-        last = target_logits.gather(1, (best + 1)[:, None, None].expand(batch, 1, target_logits.shape[2]))
-        next_token = last[:, 0].argmax(-1)
+        next_token = target_logits[torch.arange(batch, device=device), best + 1].argmax(-1)
     return _result(trees, path, promotable, num_accepted, next_token, used)
 
 
@@ -276,20 +275,20 @@ def verify_sampled(
     used, path = _take_path(trees, best, promoted)
 
     # Next token: from the residual at the last accepted node (the row itself at a leaf).
-    vocab = target_probs.shape[2]
-    last_row = (best + 1)[:, None, None].expand(batch, 1, vocab)
-    residual = target_probs.gather(1, last_row)[:, 0].float()  # a fresh copy: edited in place
+    # Row copies by indexing (a gather with a vocab-wide index is several times slower on CPU).
+    last_row = (batch_index[:, 0], best + 1)
+    residual = target_probs[last_row].float()  # a fresh copy: edited in place
     children = valid & (parents == best[:, None])
     if draft_probs is None:
         # Zero the children's tokens (multiply by 0; other slots multiply their own token by 1).
         residual.scatter_reduce_(1, tokens, (~children).float(), reduce="prod")
     elif slots:
         child = (best + 1).clamp(max=slots - 1)
-        q_child = draft_probs.gather(1, child[:, None, None].expand(batch, 1, vocab))[:, 0].float()
+        q_child = draft_probs[batch_index[:, 0], child].float()
         residual = torch.where(children.any(1, keepdim=True), (residual - q_child).clamp(min=0.0), residual)
     empty = residual.sum(1) <= 0
     if bool(empty.any()):  # numerically nothing left: fall back to the row itself
-        residual = torch.where(empty[:, None], target_probs.gather(1, last_row)[:, 0].float(), residual)
+        residual = torch.where(empty[:, None], target_probs[last_row].float(), residual)
     next_token = sample_from_weights(residual, generator)
     return _result(trees, path, promoted, num_accepted, next_token, used)
 
