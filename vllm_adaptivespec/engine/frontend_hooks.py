@@ -14,10 +14,11 @@ from vllm.logger import init_logger
 from vllm.v1.engine.input_processor import InputProcessor
 
 from vllm_adaptivespec import __version__
+from vllm_adaptivespec.config import AdaptiveSpecConfigError
 from vllm_adaptivespec.engine.compat import require_supported_vllm
 from vllm_adaptivespec.engine.patching import wrap
 from vllm_adaptivespec.engine.request_params import request_tau
-from vllm_adaptivespec.engine.settings import raw_settings, resolve, settings_for
+from vllm_adaptivespec.engine.settings import debug_settings, raw_settings, resolve, settings_for
 
 logger = init_logger("vllm.adaptivespec")
 
@@ -35,8 +36,10 @@ def install() -> None:
         if self.async_scheduling:
             logger.warning("AdaptiveSpec: async scheduling is turned off (per-request draft lengths)")
         self.async_scheduling = False
+        _use_tree_attention_backend(self)
         vllm_config = original(self, *args, **kwargs)
         config = resolve(raw, vllm_config.speculative_config)
+        debug_settings(vllm_config)
         logger.info("AdaptiveSpec %s active: %s", __version__, config.model_dump_json())
         return vllm_config
 
@@ -53,3 +56,25 @@ def install() -> None:
             except ValueError as e:
                 raise VLLMValidationError(str(e)) from e
         return result
+
+
+def _use_tree_attention_backend(args: EngineArgs) -> None:
+    """Draft trees need an attention backend with our ancestor-mask path: CPU always uses CPU_ATTN;
+    on CUDA, target and drafter are pinned to FLASH_ATTN (another explicit choice is refused)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return
+    chosen = args.attention_backend or getattr(args.attention_config, "backend", None)
+    name = getattr(chosen, "name", chosen)
+    if name not in (None, "FLASH_ATTN"):
+        raise AdaptiveSpecConfigError(f"attention_backend: AdaptiveSpec needs FLASH_ATTN on CUDA (got {name})")
+    if chosen is None:
+        args.attention_backend = "FLASH_ATTN"
+    if isinstance(args.speculative_config, dict):
+        drafter = args.speculative_config.get("attention_backend")
+        if getattr(drafter, "name", drafter) not in (None, "FLASH_ATTN"):
+            raise AdaptiveSpecConfigError(
+                f"speculative_config.attention_backend: AdaptiveSpec needs FLASH_ATTN on CUDA (got {drafter})"
+            )
+        args.speculative_config = {**args.speculative_config, "attention_backend": "FLASH_ATTN"}

@@ -56,6 +56,20 @@ def wrap(owner: Any, name: str, why: str) -> Callable[[Callable], Callable]:
     return decorate
 
 
+def register_attention_backend(backend: Any, class_path: str, why: str) -> None:
+    """Point one of vLLM's attention backends at our subclass (vLLM's registry override), recorded
+    like any other patch; refuses a second override of the same backend."""
+    from vllm.v1.attention.backends.registry import register_backend
+
+    key = (id(type(backend)), backend.name)
+    if key in _APPLIED:
+        raise RuntimeError(f"attention backend {backend.name} is already overridden by AdaptiveSpec")
+    _ORIGINALS[key] = backend.get_path()
+    register_backend(backend, class_path)
+    _APPLIED[key] = AppliedPatch("AttentionBackendEnum", backend.name, why)
+    logger.debug("AdaptiveSpec overrode attention backend %s with %s: %s", backend.name, class_path, why)
+
+
 def original(owner: Any, name: str) -> Any:
     """What vLLM had at `owner.name` before we patched it (the attribute itself if unpatched)."""
     return _ORIGINALS.get((id(owner), name), getattr(owner, name))

@@ -1,18 +1,31 @@
-"""Drafter subclasses: capture top-1 confidence and let each request's policy size its draft.
+"""Drafter subclasses: grow each request's draft tree level by level, shaped by its policy.
 
-vLLM's EAGLE / draft-model proposers draft a fixed-length chain for the whole batch. After the first
-drafter pass we know each request's top-1 confidence, ask its policy for this step's depth, and run
-only as many further passes as the deepest request needs (drafter passes are the main cost); each
-request's row is then cut to its own depth, so draft lengths differ per request and per step.
+vLLM's EAGLE / draft-model proposers draft one fixed-length chain for the whole batch. Ours run the
+same first pass (the drafter catches up on the tokens the target just accepted), read each request's
+top-1 confidence from it, ask the request's policy for this step's shape (depth, width, nodes), and
+then expand the frontier one level per drafter pass: every frontier node gets its top-``width``
+children, all frontier nodes of the batch in one forward under an ancestor mask (``tree_attention``).
+The engine-free ``TreeBuilder`` picks the frontier and the kept nodes. A chain is the width-1 tree:
+same passes, same code.
+
+Tree passes write nothing to the drafter's paged cache (their keys/values live beside it for the
+duration of the call): the next first pass recomputes the accepted tokens' drafter KV anyway.
+Drafts are the top-k candidates (deterministic), so the sampler treats them as one-hot proposals,
+which keeps recursive rejection sampling exact for trees; no draft probabilities are returned.
 """
 
 from __future__ import annotations
 
 import torch
+from vllm.config import CUDAGraphMode
+from vllm.forward_context import set_forward_context
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_adaptivespec.engine.state import AdaptiveState
+from vllm_adaptivespec.engine.tree_attention import DraftTreeAttention
+from vllm_adaptivespec.policy import tree_capacity
+from vllm_adaptivespec.tree import ROOT, DraftTrees, TreeBuilder
 
 
 class AdaptiveProposerMixin:
@@ -20,46 +33,136 @@ class AdaptiveProposerMixin:
 
     adaptive_state: AdaptiveState
 
-    def propose(self, num_speculative_tokens, *args, **kwargs):
-        self._adaptive_confidence: list[torch.Tensor] = []
-        self._adaptive_depths: list[int] | None = None
-        try:
-            drafts = super().propose(num_speculative_tokens, *args, **kwargs)
-        finally:
-            self.num_speculative_tokens = num_speculative_tokens  # we shortened it mid-propose
-        if drafts.shape[1] == 0:
-            return drafts
-        depths = self._adaptive_depths
-        if depths is None:  # a single pass was requested: every request drafts one token
-            depths = self.adaptive_state.choose_depths(self._first_confidence(drafts), 1)
-        rows = drafts.tolist()
-        return [row[:depth] for row, depth in zip(rows, depths)]
+    def propose(
+        self,
+        num_speculative_tokens,
+        target_token_ids,
+        target_positions,
+        target_hidden_states,
+        next_token_ids,
+        token_indices_to_sample,
+        common_attn_metadata,
+        sampling_metadata,
+        mm_embed_inputs=None,
+        num_rejected_tokens_gpu=None,
+        slot_mappings=None,
+    ):
+        if num_speculative_tokens == 0:  # vLLM still runs the first pass to keep the drafter's KV in sync
+            return super().propose(
+                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
+                mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings,
+            )  # fmt: skip
+        self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None
+        if self.method == "eagle3":
+            target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+        last, hidden, sample_rows, attn = self._first_pass(
+            target_token_ids, target_positions, target_hidden_states, next_token_ids,
+            token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs,
+        )  # fmt: skip
+        root_position = self.positions[sample_rows]
+        trees = self._grow(last[sample_rows], hidden[sample_rows], root_position, attn, num_speculative_tokens)
+        return self.adaptive_state.record_drafts(trees)
 
-    def _first_confidence(self, drafts: torch.Tensor) -> torch.Tensor:
-        if self._adaptive_confidence:
-            return self._adaptive_confidence[0]
-        return torch.ones(drafts.shape[0])
+    def _first_pass(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                    token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs):  # fmt: skip
+        """vLLM's own first drafter pass (SpecDecodeBaseProposer.propose up to its first sample)."""
+        num_tokens, sample_rows, attn = self.set_inputs_first_pass(
+            target_token_ids=target_token_ids,
+            next_token_ids=next_token_ids,
+            target_positions=target_positions,
+            target_hidden_states=target_hidden_states,
+            token_indices_to_sample=token_indices_to_sample,
+            cad=common_attn_metadata,
+            num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+        )
+        _, per_layer = self.build_per_group_and_layer_attn_metadata(attn)
+        mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
+        model_kwargs, slot_mapping_size = self.build_model_inputs_first_pass(
+            num_tokens, num_input_tokens, mm_embed_inputs
+        )
+        with set_forward_context(
+            per_layer,
+            self.vllm_config,
+            num_tokens=num_input_tokens,
+            num_tokens_across_dp=across_dp,
+            cudagraph_runtime_mode=mode,
+            slot_mapping=self._get_slot_mapping(slot_mapping_size, attn.slot_mapping),
+        ):
+            last, hidden = self._outputs(self.model(**model_kwargs))
+        return last, hidden, sample_rows, attn
 
-    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
-        greedy = not self._enable_probabilistic_draft_probs or sampling_metadata.all_greedy
-        if greedy and not (self.use_local_argmax_reduction or self.use_heterogeneous_vocab):
-            logits = self.model.compute_logits(hidden_states)
-            top = logits.max(dim=-1)
-            confidence = torch.exp(top.values.float() - torch.logsumexp(logits.float(), dim=-1))
-            token_ids, probs = top.indices, None
-        else:
-            token_ids, probs = super()._sample_draft_tokens(hidden_states, sampling_metadata)
-            confidence = (
-                probs.max(dim=-1).values.float() if probs is not None else torch.ones(len(token_ids))
-            )
-        self._adaptive_confidence.append(confidence.cpu())
-        if len(self._adaptive_confidence) == 1 and self.num_speculative_tokens > 1:
-            # First pass done: the per-request depths fix how many more passes the batch needs.
-            self._adaptive_depths = self.adaptive_state.choose_depths(
-                self._adaptive_confidence[0], self.num_speculative_tokens
-            )
-            self.num_speculative_tokens = max(self._adaptive_depths)
-        return token_ids, probs
+    def _outputs(self, returned):
+        """(hidden states for logits, hidden states fed to the next pass)."""
+        return returned if self.model_returns_tuple() else (returned, returned)
+
+    def _candidates(self, hidden_states: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-``width`` draft tokens and their draft log-probs per row ([n, width] each)."""
+        logprobs = self.model.compute_logits(hidden_states).float().log_softmax(dim=-1)
+        top = logprobs.topk(width, dim=-1)
+        return top.indices, top.values
+
+    def _grow(self, root_last, root_hidden, root_position, attn, node_ceiling: int) -> DraftTrees:
+        """Build every request's tree: level 1 from the first pass, then one drafter pass per level."""
+        batch, device = root_last.shape[0], root_last.device
+        logits = self.model.compute_logits(root_last).float()
+        confidence = logits.softmax(dim=-1).amax(dim=-1).cpu()
+        shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling)
+        builder = TreeBuilder(shapes, device=device)
+        width = builder.max_width
+        top = logits.log_softmax(dim=-1).topk(width, dim=-1)
+        builder.add_level(top.indices[:, None, :], top.values[:, None, :])
+        if builder.done:
+            return builder.finish()
+
+        tree_attention = DraftTreeAttention(
+            attn.block_table_tensor[:batch], root_position + 1, max_tree_tokens=(builder.max_depth - 1) * width
+        )
+        node_slot = torch.full((batch, tree_capacity(builder.max_depth, width)), -1, dtype=torch.long, device=device)
+        slot_hidden = None
+        if self.pass_hidden_states_to_model:
+            slot_hidden = root_hidden.new_zeros(batch, tree_attention.capacity, root_hidden.shape[-1])
+        layer_metadata = {name: tree_attention for name in self._draft_attn_layer_names}
+        while not builder.done:
+            ids, valid = builder.frontier()
+            tokens = builder.frontier_tokens()
+            _, parent_of, _ = builder.nodes_so_far()
+            request, column = valid.nonzero(as_tuple=True)  # grouped by request, in order
+            node = ids[request, column]
+            parent = parent_of[request, node]
+            parent_slot = torch.where(parent != ROOT, node_slot[request, parent.clamp(min=0)], -1)
+            slot = tree_attention.begin_pass(request, parent_slot)
+            node_slot[request, node] = slot
+            model_kwargs = {
+                "input_ids": tokens[request, column].to(self.input_ids.dtype),
+                "positions": root_position[request] + builder.level,
+                "inputs_embeds": None,
+            }
+            if slot_hidden is not None:
+                model_kwargs["hidden_states"] = torch.where(
+                    (parent_slot >= 0)[:, None], slot_hidden[request, parent_slot.clamp(min=0)], root_hidden[request]
+                )
+            rows = request.shape[0]
+            _, _, across_dp = self._determine_batch_execution_and_padding(rows, use_cudagraphs=False)
+            with set_forward_context(
+                layer_metadata,
+                self.vllm_config,
+                num_tokens=rows,
+                num_tokens_across_dp=across_dp,
+                cudagraph_runtime_mode=CUDAGraphMode.NONE,
+                slot_mapping={},
+            ):
+                last, hidden = self._outputs(self.model(**model_kwargs))
+            if slot_hidden is not None:
+                slot_hidden[request, slot] = hidden[:rows]
+            cand_tokens, cand_logprobs = self._candidates(last[:rows], width)
+            grid_tokens = torch.zeros(*ids.shape, width, dtype=torch.long, device=device)
+            grid_logprobs = torch.full((*ids.shape, width), float("-inf"), device=device)
+            grid_tokens[request, column] = cand_tokens
+            grid_logprobs[request, column] = cand_logprobs
+            builder.add_level(grid_tokens, grid_logprobs)
+        return builder.finish()
 
 
 class AdaptiveDraftModelProposer(AdaptiveProposerMixin, DraftModelProposer):

@@ -62,7 +62,7 @@ def margin_rejection_sample(
     rows = torch.arange(batch, device=device)
     logits[rows, counts] = float("-inf")
     logits[rows, counts, bonus_token_ids.view(-1).long()] = 0.0
-    trees = DraftTrees.chain(tokens, counts)
+    trees = _trees(verification, tokens, counts)
 
     if sampling_metadata.all_greedy:
         is_greedy = torch.ones(batch, dtype=torch.bool, device=device)
@@ -75,6 +75,7 @@ def margin_rejection_sample(
     allowance = verification.allowance.to(device)
     result = verify_greedy(logits, trees, tau, allowance)
     out_tokens, num_accepted, num_promoted = result.output_tokens(), result.num_accepted, result.num_promoted
+    accepted_nodes = result.accepted_nodes
     if not bool(is_greedy.all()):
         padded_draft_probs = None
         if draft_probs is not None:
@@ -86,10 +87,26 @@ def margin_rejection_sample(
         out_tokens = torch.where(is_greedy[:, None], out_tokens, sampled.output_tokens())
         num_accepted = torch.where(is_greedy, num_accepted, sampled.num_accepted)
         num_promoted = torch.where(is_greedy, num_promoted, sampled.num_promoted)
+        accepted_nodes = torch.where(is_greedy[:, None], accepted_nodes, sampled.accepted_nodes)
 
     output = torch.full((batch, max_spec_len + 1), _PLACEHOLDER, dtype=torch.int32, device=device)
     width = min(out_tokens.shape[1], max_spec_len + 1)
     output[:, :width] = out_tokens[:, :width].to(torch.int32)
     verification.num_accepted = num_accepted.tolist()
     verification.num_promoted = num_promoted.tolist()
+    verification.accepted_nodes = accepted_nodes
     return output
+
+
+def _trees(verification: Verification, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTrees:
+    """The scheduled drafts as trees: the runner's tree layout when it has one, else chains.
+
+    The target's rows already follow the core's convention (row 0: after the root, row i+1: after
+    node i), because vLLM lays out the flattened drafts in node order."""
+    given = verification.trees
+    if given is None:
+        return DraftTrees.chain(tokens, counts)
+    given = given.to(tokens.device)
+    if given.num_slots != tokens.shape[1] or not torch.equal(given.num_nodes, counts):
+        raise RuntimeError("AdaptiveSpec: scheduled drafts do not match the recorded trees")
+    return DraftTrees(tokens, given.parents, given.depths, given.cum_logprobs, counts, max_depth=given.max_depth)
