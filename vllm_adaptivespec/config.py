@@ -70,8 +70,14 @@ class AdaptiveSpecConfig(BaseModel):
         0.6, ge=0.0, le=1.0, description="Acceptance rate assumed before a request has any history."
     )
 
-    shallow_below: float = Field(0.2, ge=0.0, le=1.0, description="Signal at or below which depth = min_depth.")
-    deep_above: float = Field(0.8, ge=0.0, le=1.0, description="Signal at or above which depth = max_depth.")
+    draft_cost: float = Field(
+        0.3,
+        ge=0.0,
+        le=10.0,
+        description="Time of one drafter pass relative to one target verification step; depth is chosen "
+        "where another draft token stops paying for its pass (0.3 ~ a 0.5B drafter for a 1.5B target, "
+        "~0.05 for an EAGLE head).",
+    )
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(
         0.7, ge=0.0, le=1.0, description="Signal at or above which width = min_width (a chain when min_width = 1)."
@@ -118,7 +124,7 @@ class AdaptiveSpecConfig(BaseModel):
                 f"{_PREFIX}max_nodes: must be >= max_depth ({self.max_depth}) so the deepest chain fits "
                 f"(got {self.max_nodes})"
             )
-        for low, high in (("shallow_below", "deep_above"), ("wide_below", "narrow_above")):
+        for low, high in (("wide_below", "narrow_above"),):
             if getattr(self, low) >= getattr(self, high):
                 problems.append(
                     f"{_PREFIX}{low}: must be < {high} ({getattr(self, high)}) (got {getattr(self, low)})"

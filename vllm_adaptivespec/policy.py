@@ -10,8 +10,14 @@ next draft tree is a function of one fused signal in [0, 1]:
     c = drafter's top-1 probability at the first draft position (clamped to [0, 1], NaN -> 0)
     s = confidence_weight * c + (1 - confidence_weight) * a
 
+    depth_s = the d in [min_depth, max_depth] maximising (1 + s + s**2 + ... + s**d) / (1 + draft_cost * d)
+              (largest on ties): s read as the chance each further draft token is accepted, the
+              numerator is the expected tokens a depth-d chain emits per step and the denominator the
+              step's cost in target-step units (d drafter passes + one verification). A sure drafter
+              drafts deep, an unsure one shallow, and an expensive drafter (CPU, large draft model)
+              shallower than a cheap one (EAGLE head). Monotone in s: the gain of d+1 over d,
+              s**(d+1) / (1 + ... + s**d), rises with s.
     ramp(s, lo, hi) = clamp((s - lo) / (hi - lo), 0, 1)
-    depth_s = min_depth + min(max_depth - min_depth, floor(ramp(s, shallow_below, deep_above) * (max_depth - min_depth + 1)))
     width   = max_width - min(max_width - min_width, floor(ramp(s, wide_below, narrow_above) * (max_width - min_width + 1)))
               (width = 1 in mode "chain")
 
@@ -75,6 +81,21 @@ class TreeShape:
         return self.width == 1
 
 
+def best_depth(signal: float, min_depth: int, max_depth: int, draft_cost: float) -> int:
+    """Chain depth with the most expected tokens per unit of step cost (module docstring)."""
+    signal = min(1.0, max(0.0, signal))
+    best, best_rate = min_depth, -1.0
+    expected, term = 1.0, 1.0
+    for depth in range(1, max_depth + 1):
+        term *= signal
+        expected += term
+        if depth >= min_depth:
+            rate = expected / (1.0 + draft_cost * depth)
+            if rate >= best_rate:
+                best, best_rate = depth, rate
+    return best
+
+
 def _ramp(signal: float, low: float, high: float) -> float:
     return min(1.0, max(0.0, (signal - low) / (high - low)))
 
@@ -117,10 +138,7 @@ class SequencePolicy:
         if node_cap is not None and node_cap < 1:
             raise ValueError(f"node_cap must be >= 1 or None (got {node_cap})")
         cfg = self.config
-        depth_span = cfg.max_depth - cfg.min_depth
-        depth = cfg.min_depth + min(
-            depth_span, math.floor(_ramp(signal, cfg.shallow_below, cfg.deep_above) * (depth_span + 1))
-        )
+        depth = best_depth(signal, cfg.min_depth, cfg.max_depth, cfg.draft_cost)
         if cfg.mode == "chain":
             width = 1
         else:

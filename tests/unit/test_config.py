@@ -20,9 +20,23 @@ INT_RANGES = {
     "batch_node_budget": (1, 1_000_000),
 }
 UNIT_FIELDS = [
-    "confidence_weight", "prior_acceptance", "shallow_below", "deep_above", "wide_below",
+    "confidence_weight", "prior_acceptance", "wide_below",
     "narrow_above", "promotion_min_acceptance",
 ]
+
+
+@FAST
+@given(st.floats(-2, 12))
+def test_draft_cost_names_field_and_range(value):
+    try:
+        AdaptiveSpecConfig.parse({"draft_cost": value})
+    except AdaptiveSpecConfigError as err:
+        assert not 0 <= value <= 10
+        assert f"adaptivespec.draft_cost: must be a number in [0.0, 10.0] (got {value!r})" in str(err)
+    else:
+        assert 0 <= value <= 10
+
+
 # (0, 1] fields: tau and the loosest per-request tau.
 OPEN_UNIT_FIELDS = ["tau", "min_request_tau"]
 
@@ -120,7 +134,7 @@ def test_unit_fields_name_field_and_range(field, value):
         ({"min_width": 4, "max_width": 2}, "adaptivespec.min_width: must be <= max_width (2) (got 4)"),
         ({"min_nodes": 30, "max_nodes": 20}, "adaptivespec.min_nodes: must be <= max_nodes (20) (got 30)"),
         ({"max_depth": 10, "max_nodes": 8}, "adaptivespec.max_nodes: must be >= max_depth (10)"),
-        ({"shallow_below": 0.9, "deep_above": 0.5}, "adaptivespec.shallow_below: must be < deep_above (0.5) (got 0.9)"),
+        ({"wide_below": 0.9, "narrow_above": 0.5}, "adaptivespec.wide_below: must be < narrow_above (0.5) (got 0.9)"),
         ({"wide_below": 0.7, "narrow_above": 0.7}, "adaptivespec.wide_below: must be < narrow_above (0.7) (got 0.7)"),
         ({"tau": 0.2, "min_request_tau": 0.4}, "adaptivespec.tau: must be >= min_request_tau (0.4)"),
         (

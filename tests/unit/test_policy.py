@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.margin import verify_greedy
-from vllm_adaptivespec.policy import PolicyBank, SequencePolicy, tree_capacity
+from vllm_adaptivespec.policy import PolicyBank, SequencePolicy, best_depth, tree_capacity
 from vllm_adaptivespec.tree import DraftTrees
 
 FAST = settings(max_examples=200, deadline=None, derandomize=True)
@@ -31,7 +31,6 @@ def configs(draw):
     min_width, max_width = pair(1, 6)
     max_nodes = draw(st.integers(max_depth, 128))
     min_nodes = draw(st.integers(1, max_nodes))
-    shallow, deep = thresholds()
     wide, narrow = thresholds()
     per_step = draw(st.integers(0, 5))
     return AdaptiveSpecConfig(
@@ -41,7 +40,7 @@ def configs(draw):
         min_nodes=min_nodes, max_nodes=max_nodes,
         history_window=draw(st.integers(1, 20)),
         confidence_weight=draw(unit), prior_acceptance=draw(unit),
-        shallow_below=shallow, deep_above=deep, wide_below=wide, narrow_above=narrow,
+        draft_cost=draw(st.floats(0.0, 2.0)), wide_below=wide, narrow_above=narrow,
         max_promotions_per_step=per_step,
         max_promotions_per_window=draw(st.integers(per_step, 12)),
         batch_node_budget=draw(st.integers(1, 600)),
@@ -202,3 +201,22 @@ def test_policy_bank_creates_and_frees():
     bank.free("a")
     bank.free("missing")
     assert len(bank) == 1 and "a" not in bank
+
+
+@FAST
+@given(unit, st.integers(1, 10), st.integers(0, 10), st.floats(0.0, 3.0))
+def test_depth_maximises_expected_tokens_per_step_cost(signal, min_depth, extra, draft_cost):
+    """best_depth equals a brute-force argmax of expected emitted tokens per unit of step cost."""
+    max_depth = min_depth + extra
+    rate = lambda d: sum(signal**i for i in range(d + 1)) / (1 + draft_cost * d)  # noqa: E731
+    chosen = best_depth(signal, min_depth, max_depth, draft_cost)
+    assert min_depth <= chosen <= max_depth
+    assert rate(chosen) >= max(rate(d) for d in range(min_depth, max_depth + 1)) * (1 - 1e-12)
+
+
+def test_expensive_drafter_drafts_shallower_and_confident_one_deeper():
+    cheap, costly = (SequencePolicy(AdaptiveSpecConfig(max_depth=8, draft_cost=c)) for c in (0.05, 0.5))
+    assert costly.shape_for_signal(0.75).depth < cheap.shape_for_signal(0.75).depth
+    assert costly.shape_for_signal(0.5).depth < costly.shape_for_signal(0.97).depth
+    assert cheap.shape_for_signal(1.0).depth == 8  # nothing is lost to rejections: use all of it
+    assert costly.shape_for_signal(0.0).depth == 1
