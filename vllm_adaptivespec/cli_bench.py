@@ -70,6 +70,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                      help="stop starting configurations after this long; 0 = no limit (quick: 14)")
     run.add_argument("--sandbox-timeout", type=float, default=20.0,
                      help="wall-clock seconds per HumanEval test program (CPU time is capped at this + 1)")
+    run.add_argument("--stall-timeout", type=float, default=300.0,
+                     help="seconds without any new token after which a cell is failed as stuck (default 300)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     run.add_argument("--list", action="store_true", help="print the configuration table and exit")
     parser.set_defaults(func=main)
@@ -150,6 +152,7 @@ def build_settings(args, target: str, drafter: str | None):
         dtype=args.dtype,
         budget_minutes=budget,
         sandbox_timeout_s=args.sandbox_timeout,
+        stall_timeout_s=args.stall_timeout,
         output=args.output or Path(f"adaptivespec-bench-{args.mode}"),
     )
 

@@ -154,6 +154,7 @@ class Run:
                 "config": asdict(config),
                 "target": self.settings.target,
                 "engine": self.settings.engine_args(),
+                "stall_timeout_s": self.settings.stall_timeout_s,
                 "cells": [
                     {"workload": w, "batch": b, "temperature": t, "max_tokens": self.settings.max_tokens[w],
                      "items": [asdict(item) for item in self.items[w]]}

@@ -66,6 +66,8 @@ class BenchSettings(BaseModel):
     dtype: str = "bfloat16"
     budget_minutes: float | None = None
     sandbox_timeout_s: float = 20.0
+    # A cell whose requests get no token for this long is failed as stuck (slow steps are far shorter).
+    stall_timeout_s: float = Field(300.0, gt=0)
     output: Path
 
     @field_validator("workloads")

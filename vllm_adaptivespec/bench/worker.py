@@ -64,8 +64,16 @@ def sampling_params(cell: dict, item: dict):
     )
 
 
-def run_cell(engine, prompts: list[str], params: list, batch: int, on_done) -> dict:
-    """Closed-loop run of all prompts with ``batch`` in flight; outputs, timing, step latencies."""
+class EngineStalled(RuntimeError):
+    """Requests in flight but no token for too long: the configuration is stuck, not slow."""
+
+
+def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, stall_timeout_s: float) -> dict:
+    """Closed-loop run of all prompts with ``batch`` in flight; outputs, timing, step latencies.
+
+    Raises `EngineStalled` (after aborting what is in flight) when no request receives a token for
+    ``stall_timeout_s`` seconds.
+    """
     pending = deque(range(len(prompts)))
     in_flight: dict[str, int] = {}
     token_ids: list[list[int]] = [[] for _ in prompts]
@@ -74,7 +82,7 @@ def run_cell(engine, prompts: list[str], params: list, batch: int, on_done) -> d
     started: set[int] = set()
     step_seconds: list[float] = []
     prefill_steps = 0
-    begin = time.perf_counter()
+    begin = last_progress = time.perf_counter()
     while pending or in_flight:
         while pending and len(in_flight) < batch:
             index = pending.popleft()
@@ -84,6 +92,12 @@ def run_cell(engine, prompts: list[str], params: list, batch: int, on_done) -> d
         tick = time.perf_counter()
         outputs = engine.step()
         seconds = time.perf_counter() - tick
+        if outputs:
+            last_progress = tick + seconds
+        elif tick + seconds - last_progress > stall_timeout_s:
+            engine.abort_request(list(in_flight))
+            raise EngineStalled(f"no token for {stall_timeout_s:g} s with {len(in_flight)} request(s) in flight "
+                                f"({len(started)} of {len(prompts)} started)")
         prefilled = False
         for out in outputs:
             index = in_flight[out.request_id]
@@ -146,6 +160,7 @@ def main(job_path: str, events_path: str) -> int:
         events.emit("loaded", seconds=time.perf_counter() - begin, max_model_len=engine_args["max_model_len"])
         _warm_up(engine, tokenizer, job)
     except Exception as err:  # a configuration vLLM refuses or cannot run
+        traceback.print_exc()  # into the configuration's log
         events.emit("engine_failed", error=_describe(err), traceback=traceback.format_exc())
         return 1
 
@@ -163,7 +178,7 @@ def main(job_path: str, events_path: str) -> int:
 
             engine.reset_prefix_cache()  # every cell starts cold, whatever ran before it
             before = snapshot(llm.get_metrics())
-            result = run_cell(engine, prompts, params, cell["batch"], on_done)
+            result = run_cell(engine, prompts, params, cell["batch"], on_done, job["stall_timeout_s"])
             counts = delta(before, snapshot(llm.get_metrics()))
             result["spec"] = spec_figures(counts)
             result["adaptivespec"] = adaptivespec_figures(counts)
@@ -171,6 +186,7 @@ def main(job_path: str, events_path: str) -> int:
                 output["id"] = item["id"]
             events.emit("cell", index=index, result=result)
         except Exception as err:
+            traceback.print_exc()
             events.emit("cell_failed", index=index, error=_describe(err), traceback=traceback.format_exc())
             if not _engine_idle(engine):  # requests of the failed cell still inside: stop here
                 return 1
@@ -189,11 +205,11 @@ def _fit_max_model_len(model_dir: str, requested: int) -> int:
 def _warm_up(engine, tokenizer, job: dict) -> None:
     """One short request first, so one-time costs (allocations, kernel selection) are not measured."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     item = job["cells"][0]["items"][0]
-    engine.add_request("warmup", render_prompt(tokenizer, item), SamplingParams(max_tokens=8, temperature=0.0))
-    while engine.has_unfinished_requests():
-        engine.step()
+    params = SamplingParams(max_tokens=8, temperature=0.0, output_kind=RequestOutputKind.DELTA)
+    run_cell(engine, [render_prompt(tokenizer, item)], [params], 1, lambda: None, job["stall_timeout_s"])
 
 
 def _engine_idle(engine) -> bool:
