@@ -17,8 +17,9 @@ QUICK_HUMANEVAL = [0, 13, 35, 55]
 
 PRESETS: dict[str, dict] = {
     # AdaptiveSpec against its references at batch 1, greedy, one tau, short answers. Sized for the
-    # qwen-coder pair on 2 CPU cores (about 2-3 minutes per configuration, mostly engine start and
-    # prefill); the budget stops starting configurations after 14 minutes whatever the machine.
+    # qwen-coder pair on 2 CPU cores: 1.5-3.5 minutes per configuration measured on the shared, busy
+    # dev machine (engine start ~35 s), about 14 minutes for these five; the budget stops starting
+    # configurations after 14 minutes whatever the machine.
     "quick": {
         "configs": ["ar", "static-k4", "policy-only", "margin-k4", "adaptive"],
         "taus": [0.5],
