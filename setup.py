@@ -14,7 +14,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_adaptivespec", "vllm_adaptivespec.*"]),
-    package_data={"vllm_adaptivespec": ["VERSION", "data/*"]},
+    package_data={"vllm_adaptivespec": ["VERSION", "bench/data/*.json"]},
     install_requires=[
         "torch>=2.4",
         "pydantic>=2.5",

@@ -311,6 +311,10 @@ def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None
     if full < vocab:
         sums.append(weights[:, full:].sum(-1, keepdim=True))
     block_cdf = torch.cat(sums, dim=1).double().cumsum(1)
+    total = block_cdf[:, -1]
+    if not bool((torch.isfinite(total) & (total > 0)).all()):
+        # Sampling would silently return an out-of-vocabulary index; fail where the cause is visible.
+        raise ValueError("sample_from_weights: a row has no positive finite mass (NaN/inf probabilities?)")
     uniforms = torch.rand(batch, 2, generator=generator, device=weights.device, dtype=torch.float64)
     block = torch.searchsorted(block_cdf, uniforms[:, :1] * block_cdf[:, -1:], right=True)
     start = block.clamp(max=block_cdf.shape[1] - 1) * SAMPLE_BLOCK  # [B, 1]

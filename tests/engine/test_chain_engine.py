@@ -31,13 +31,14 @@ def plain(tiny_models, tiny_prompts):
 
 @pytest.fixture(scope="module")
 def lossless(tiny_models, tiny_prompts):
-    return run_engine(_spec(tiny_models, tiny_prompts, adaptivespec={"tau": 1.0}))
+    # A cheap drafter (draft_cost) makes depth worth varying at the tiny pair's ~45% acceptance.
+    return run_engine(_spec(tiny_models, tiny_prompts, adaptivespec={"tau": 1.0, "draft_cost": 0.05}))
 
 
 @pytest.fixture(scope="module")
 def margin(tiny_models, tiny_prompts):
-    return run_engine(_spec(tiny_models, tiny_prompts, adaptivespec={"tau": 0.3, "max_promotions_per_step": 4,
-                                                                      "max_promotions_per_window": 64}))
+    settings = {"tau": 0.3, "draft_cost": 0.05, "max_promotions_per_step": 4, "max_promotions_per_window": 64}
+    return run_engine(_spec(tiny_models, tiny_prompts, adaptivespec=settings))
 
 
 def test_lossless_equals_plain_greedy_at_batch_1_and_4(plain, lossless):
@@ -111,3 +112,12 @@ def test_bad_settings_fail_at_startup_naming_the_field(tiny_models, tiny_prompts
         run_engine(_spec(tiny_models, tiny_prompts[:1], adaptivespec=settings), timeout=300)
     assert named in failure.value.output
     assert "EngineCore" not in failure.value.output.split(named)[0].splitlines()[-1]
+
+
+def test_sampling_completes_every_request(tiny_models, tiny_prompts):
+    """Temperature > 0 goes through the sampled margin verification (and the vLLM-CPU temperature
+    expansion fix): every request gets all its tokens, some drafts are accepted."""
+    settings = {"tau": 0.5, "draft_cost": 0.05}
+    result = run_engine(_spec(tiny_models, tiny_prompts, adaptivespec=settings, temperature=0.7, seed=1))
+    assert [len(t) for t in result["outputs"]["4"]] == [MAX_TOKENS] * len(tiny_prompts)
+    assert result["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0

@@ -407,3 +407,11 @@ def test_block_sampler_draws_in_proportion_to_the_weights(monkeypatch, block):
     draws = margin.sample_from_weights(weights.expand(60_000, vocab), generator=gen)
     assert weights[draws].min() > 0
     assert chi_square_pvalue(torch.bincount(draws, minlength=vocab), weights / weights.sum()) > 1e-3
+
+
+def test_sampling_refuses_rows_without_finite_mass():
+    from vllm_adaptivespec.margin import sample_from_weights
+
+    for bad in (torch.zeros(1, 300), torch.full((1, 300), float("nan"))):
+        with pytest.raises(ValueError, match="no positive finite mass"):
+            sample_from_weights(bad)

@@ -32,13 +32,14 @@ def register() -> None:
             __version__, SUPPORTED_VLLM, installed_vllm_version(),
         )  # fmt: skip
         return
-    from vllm_adaptivespec.engine import core_hooks, frontend_hooks, metrics, worker_hooks
+    from vllm_adaptivespec.engine import core_hooks, cpu_fixes, frontend_hooks, metrics, worker_hooks
 
     metrics.extend_spec_decoding_stats()
     metrics.install_frontend_metrics()
     frontend_hooks.install()
     core_hooks.install()
     worker_hooks.install()
+    cpu_fixes.install()
     logger.info("vllm-adaptivespec %s plugin loaded (pid %d)", __version__, os.getpid())
 
 
