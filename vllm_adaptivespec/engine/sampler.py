@@ -109,4 +109,5 @@ def _trees(verification: Verification, tokens: torch.Tensor, counts: torch.Tenso
     given = given.to(tokens.device)
     if given.num_slots != tokens.shape[1] or not torch.equal(given.num_nodes, counts):
         raise RuntimeError("AdaptiveSpec: scheduled drafts do not match the recorded trees")
+    tokens = torch.where(given.node_mask, tokens, 0)  # the core's padding token
     return DraftTrees(tokens, given.parents, given.depths, given.cum_logprobs, counts, max_depth=given.max_depth)
