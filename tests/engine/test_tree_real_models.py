@@ -1,0 +1,62 @@
+"""AdaptiveSpec tree mode on the real embedded `smollm2` pair (SmolLM2-135M-Instruct + its early-exit
+drafter): lossless trees must equal plain greedy decoding token for token over 512 tokens, at batch 1
+and 4, with policy-chosen shapes and with shapes drawn at random every step. float32, as in
+test_real_models.py (in bf16 even stock speculation drifts from plain decoding).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from enginerun import run_engine
+from test_real_models import QUESTIONS
+
+pytestmark = [pytest.mark.engine, pytest.mark.real_models]
+LONG = 512
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from vllm_adaptivespec.models import prepare
+
+    return prepare("smollm2")
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2.target))
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in QUESTIONS
+    ]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+def _spec(pair, prompts, adaptivespec=None, debug=None):
+    engine = {"model": str(pair.target), "dtype": "float32"}
+    if adaptivespec is not None:
+        engine["speculative_config"] = {"method": "draft_model", "model": str(pair.drafter), "num_speculative_tokens": 12}
+        engine["additional_config"] = {"adaptivespec": adaptivespec}
+        if debug is not None:
+            engine["additional_config"]["adaptivespec_debug"] = debug
+    return {"engine": engine, "prompts": prompts, "max_tokens": LONG, "batch_sizes": [1, 4]}
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2, prompts):
+    return run_engine(_spec(smollm2, prompts), timeout=1800)
+
+
+@pytest.mark.parametrize("debug", [None, {"random_shapes": 3}], ids=["policy-shapes", "random-shapes"])
+def test_smollm2_lossless_trees_equal_plain_greedy(smollm2, prompts, plain, debug):
+    tree = run_engine(_spec(smollm2, prompts, {"tau": 1.0, "mode": "tree", "max_width": 3}, debug), timeout=1800)
+    for batch in ("1", "4"):
+        for i, (want, got) in enumerate(zip(plain["outputs"][batch], tree["outputs"][batch])):
+            first = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            assert got == want, f"batch {batch}, prompt {i}: first difference at token {first}"
+    assert all(len(t) == LONG for t in tree["outputs"]["4"])
+    metrics = tree["metrics"]
+    assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert metrics["vllm:spec_decode_num_draft_tokens"] > metrics["vllm:adaptivespec_draft_depth"]["sum"]
