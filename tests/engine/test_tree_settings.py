@@ -45,3 +45,24 @@ def test_debug_knob_is_validated():
     for bad, named in (({"shapes": 1}, "adaptivespec_debug.shapes"), ({"random_shapes": "x"}, "random_shapes")):
         with pytest.raises(AdaptiveSpecConfigError, match=named):
             debug_settings(SimpleNamespace(additional_config={"adaptivespec_debug": bad}))
+
+
+def test_cuda_runs_pin_target_and_drafter_to_the_tree_capable_backend(monkeypatch):
+    import vllm.platforms
+
+    from vllm_adaptivespec.engine.frontend_hooks import _use_tree_attention_backend
+
+    monkeypatch.setattr(vllm.platforms, "current_platform", SimpleNamespace(is_cuda=lambda: True), raising=False)
+    args = SimpleNamespace(attention_backend=None, attention_config=SimpleNamespace(backend=None),
+                           speculative_config={"method": "eagle3", "model": "x"})  # fmt: skip
+    _use_tree_attention_backend(args)
+    assert args.attention_backend == "FLASH_ATTN"
+    assert args.speculative_config["attention_backend"] == "FLASH_ATTN"
+    other = SimpleNamespace(attention_backend="TRITON_ATTN", attention_config=SimpleNamespace(backend=None),
+                            speculative_config={})  # fmt: skip
+    with pytest.raises(AdaptiveSpecConfigError, match="attention_backend"):
+        _use_tree_attention_backend(other)
+    monkeypatch.setattr(vllm.platforms, "current_platform", SimpleNamespace(is_cuda=lambda: False), raising=False)
+    cpu = SimpleNamespace(attention_backend=None, attention_config=SimpleNamespace(backend=None), speculative_config={})
+    _use_tree_attention_backend(cpu)
+    assert cpu.attention_backend is None
