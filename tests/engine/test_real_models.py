@@ -13,31 +13,6 @@ import pytest
 from enginerun import run_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_models]
-QUESTIONS = [
-    "Explain in two sentences why the sky is blue.",
-    "Write a Python function that returns the factorial of n.",
-    "List three uses of a paperclip.",
-    "What is 17 times 23? Show your steps.",
-]
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from vllm_adaptivespec.models import prepare
-
-    return prepare("smollm2")
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2.target))
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-        for q in QUESTIONS
-    ]
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def _spec(pair, prompts, adaptivespec=None):
@@ -48,9 +23,9 @@ def _spec(pair, prompts, adaptivespec=None):
     return {"engine": engine, "prompts": prompts, "max_tokens": 96, "batch_sizes": [1, 4]}
 
 
-def test_smollm2_lossless_chain_equals_plain_greedy(smollm2, prompts):
-    plain = run_engine(_spec(smollm2, prompts))
-    adaptive = run_engine(_spec(smollm2, prompts, adaptivespec={"tau": 1.0}))
+def test_smollm2_lossless_chain_equals_plain_greedy(smollm2, smollm2_prompts):
+    plain = run_engine(_spec(smollm2, smollm2_prompts))
+    adaptive = run_engine(_spec(smollm2, smollm2_prompts, adaptivespec={"tau": 1.0}))
     assert adaptive["outputs"]["1"] == plain["outputs"]["1"]
     assert adaptive["outputs"]["4"] == plain["outputs"]["4"]
     metrics = adaptive["metrics"]

@@ -9,29 +9,9 @@ from __future__ import annotations
 import pytest
 
 from enginerun import run_engine
-from test_real_models import QUESTIONS
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_models]
 LONG = 512
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from vllm_adaptivespec.models import prepare
-
-    return prepare("smollm2")
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(smollm2.target))
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-        for q in QUESTIONS
-    ]
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
 def _spec(pair, prompts, adaptivespec=None, debug=None):
@@ -45,13 +25,13 @@ def _spec(pair, prompts, adaptivespec=None, debug=None):
 
 
 @pytest.fixture(scope="module")
-def plain(smollm2, prompts):
-    return run_engine(_spec(smollm2, prompts), timeout=1800)
+def plain(smollm2, smollm2_prompts):
+    return run_engine(_spec(smollm2, smollm2_prompts), timeout=1800)
 
 
 @pytest.mark.parametrize("debug", [None, {"random_shapes": 3}], ids=["policy-shapes", "random-shapes"])
-def test_smollm2_lossless_trees_equal_plain_greedy(smollm2, prompts, plain, debug):
-    tree = run_engine(_spec(smollm2, prompts, {"tau": 1.0, "mode": "tree", "max_width": 3}, debug), timeout=1800)
+def test_smollm2_lossless_trees_equal_plain_greedy(smollm2, smollm2_prompts, plain, debug):
+    tree = run_engine(_spec(smollm2, smollm2_prompts, {"tau": 1.0, "mode": "tree", "max_width": 3}, debug), timeout=1800)
     for batch in ("1", "4"):
         for i, (want, got) in enumerate(zip(plain["outputs"][batch], tree["outputs"][batch])):
             first = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
