@@ -16,6 +16,8 @@ which keeps recursive rejection sampling exact for trees; no draft probabilities
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import set_forward_context
@@ -57,6 +59,11 @@ class AdaptiveProposerMixin:
         self._last_draft_probs = None
         if self.method == "eagle3":
             target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+        if num_rejected_tokens_gpu is not None:
+            common_attn_metadata, target_token_ids, target_positions, target_hidden_states = accepted_rows_only(
+                common_attn_metadata, num_rejected_tokens_gpu, target_token_ids, target_positions, target_hidden_states
+            )
+            token_indices_to_sample = num_rejected_tokens_gpu = None
         last, hidden, sample_rows, attn = self._first_pass(
             target_token_ids, target_positions, target_hidden_states, next_token_ids,
             token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs,
@@ -163,6 +170,40 @@ class AdaptiveProposerMixin:
             grid_logprobs[request, column] = cand_logprobs
             builder.add_level(grid_tokens, grid_logprobs)
         return builder.finish()
+
+
+def accepted_rows_only(attn, num_rejected, token_ids, positions, hidden_states):
+    """Drop the rejected rows of the step just verified from the drafter's first pass.
+
+    vLLM's padded drafter batch re-runs every verified row and masks the rejected ones; with trees
+    most rows are rejected nodes. The accepted rows are already rows 0..a of each request (the tree
+    step put the accepted path there), so keeping them is a per-request prefix, as in vLLM's own
+    unpadded ``prepare_inputs``."""
+    device = attn.query_start_loc.device
+    start = attn.query_start_loc_cpu.long()
+    keep = ((start[1:] - start[:-1]) - num_rejected.cpu().long()).clamp(min=1)
+    new_start = torch.zeros_like(attn.query_start_loc_cpu)
+    new_start[1:] = keep.cumsum(0)
+    total = int(new_start[-1])
+    rows = torch.repeat_interleave(start[:-1] - new_start[:-1].long(), keep) + torch.arange(total)
+    rows = rows.to(device)
+    dropped = (start[1:] - start[:-1]) - keep
+    compact = dataclasses.replace(
+        attn,
+        query_start_loc=new_start.to(device),
+        query_start_loc_cpu=new_start,
+        seq_lens=attn.seq_lens - dropped.to(device=device, dtype=attn.seq_lens.dtype),
+        seq_lens_cpu_upper_bound=None
+        if attn.seq_lens_cpu_upper_bound is None
+        else attn.seq_lens_cpu_upper_bound - dropped.to(attn.seq_lens_cpu_upper_bound.dtype),
+        num_actual_tokens=total,
+        max_query_len=int(keep.max()),
+        slot_mapping=attn.slot_mapping[rows],
+        positions=None if attn.positions is None else attn.positions[rows],
+        _num_computed_tokens_cache=None,
+        _token_to_req_indices_cache=None,
+    )
+    return compact, token_ids[rows], positions[..., rows], hidden_states[rows]
 
 
 class AdaptiveDraftModelProposer(AdaptiveProposerMixin, DraftModelProposer):
