@@ -11,6 +11,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from .bench.settings import PRESETS, BenchSettings
+
 DEFAULT_PAIR = "qwen-coder"
 
 
@@ -33,10 +35,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "configuration in its own process, and writes results.json, results.md and plots/ "
                     "into --output (rewritten after every cell; re-running resumes).",
     )
-    parser.add_argument("--mode", choices=("quick", "full"), default="quick",
+    parser.add_argument("--mode", choices=tuple(PRESETS), default="quick",
                         help="quick: ar, static-k4, policy-only, margin-k4@0.5, adaptive@0.5 on 4 fixed short "
                              "HumanEval problems and 4 general prompts, batch 1, greedy, short answers, a "
-                             "14-minute budget; full: every configuration, 5 taus, all 164 problems and 62 "
+                             "14-minute budget; tree: trees (static, policy-only, adaptive@0.5) against chains, "
+                             "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; full: every configuration, 5 taus, all 164 problems and 62 "
                              "prompts, batch 1 and 8, temperature 0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
     models.add_argument("--pair", default=DEFAULT_PAIR,
@@ -121,8 +124,6 @@ def _has_gpu() -> bool:
 
 
 def build_settings(args, target: str, drafter: str | None):
-    from .bench.settings import PRESETS, BenchSettings
-
     preset = dict(PRESETS[args.mode])
     max_tokens = dict(preset["max_tokens"])
     if args.max_tokens_humaneval:

@@ -59,7 +59,9 @@ class AdaptiveSpecConfig(BaseModel):
     max_depth: int = Field(6, ge=1, le=64, description="Deepest draft (tokens).")
     min_width: int = Field(1, ge=1, le=16, description="Fewest children per expanded node.")
     max_width: int = Field(4, ge=1, le=16, description="Most children per expanded node.")
-    min_nodes: int = Field(1, ge=1, le=128, description="Floor of the per-sequence node cap under batch pressure.")
+    min_nodes: int = Field(
+        1, ge=1, le=128, description="Floor of the per-sequence node cap (batch pressure, measured verify cost)."
+    )
     max_nodes: int = Field(24, ge=1, le=128, description="Most draft nodes per sequence and step.")
 
     history_window: int = Field(16, ge=1, le=4096, description="Steps kept in the rolling acceptance history.")

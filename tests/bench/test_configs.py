@@ -31,16 +31,31 @@ def test_adaptivespec_rows_follow_the_plugin_contract():
     configs, rejected = select(["adaptivespec"], [0.7, 0.3], DRAFT_PATH)
     assert not rejected
     by_name = {c.name: c for c in configs}
-    assert set(by_name) == {"policy-only", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7", "adaptive@0.3"}
+    assert set(by_name) == {"policy-only", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7", "adaptive@0.3",
+                            "tree-policy-only", "adaptive-tree@0.7", "adaptive-tree@0.3"}
     policy = by_name["policy-only"].engine_args()
     assert policy["additional_config"] == {"adaptivespec": {"tau": 1.0, "max_depth": 8}}
     assert policy["speculative_config"]["method"] == "draft_model"
     margin = by_name["margin-k4@0.3"].engine_args()
     assert margin["additional_config"]["adaptivespec"] == {"tau": 0.3, "min_depth": 4, "max_depth": 4}
-    for config in configs:  # depth never exceeds the buffers vLLM sizes from num_speculative_tokens
+    tree = by_name["adaptive-tree@0.3"].engine_args()["additional_config"]["adaptivespec"]
+    assert tree == {"mode": "tree", "tau": 0.3, "max_depth": 8}
+    static_tree, _ = select(["static-tree"], [], DRAFT_PATH)
+    for config in configs + static_tree:  # shapes never exceed the buffers vLLM sizes from num_speculative_tokens
         settings = AdaptiveSpecConfig.parse(config.adaptivespec)
-        assert settings.max_depth <= config.speculative_config["num_speculative_tokens"]
+        ceiling = config.speculative_config["num_speculative_tokens"]
+        assert settings.max_depth <= ceiling and (settings.mode == "chain" or settings.max_nodes <= ceiling)
     assert by_name["policy-only"].tau == 1.0 and AdaptiveSpecConfig.parse(by_name["policy-only"].adaptivespec).lossless
+
+
+def test_static_tree_is_one_fixed_lossless_shape():
+    from vllm_adaptivespec.policy import SequencePolicy, TreeShape
+
+    (config,), _ = select(["static-tree"], [], DRAFT_PATH)
+    settings = AdaptiveSpecConfig.parse(config.adaptivespec)
+    assert settings.mode == "tree" and settings.lossless
+    shapes = {SequencePolicy(settings).shape_for_signal(s, batch_size=b) for s in (0.0, 0.5, 1.0) for b in (1, 8)}
+    assert shapes == {TreeShape(depth=4, width=2, nodes=8)}
 
 
 def test_stock_configs_carry_no_adaptivespec_settings():
@@ -76,7 +91,8 @@ def test_selection_is_in_table_order_without_duplicates():
     assert not rejected
     names = [c.name for c in configs]
     assert len(names) == len(set(names))
-    assert names[0] == "ar" and names[-2:] == ["adaptive@0.9", "adaptive@0.5"]
+    assert names[0] == "ar" and names[-2:] == ["adaptive-tree@0.9", "adaptive-tree@0.5"]
+    assert names.index("adaptive@0.9") + 1 == names.index("adaptive@0.5")
 
 
 @pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), 1.5])

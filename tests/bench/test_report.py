@@ -11,7 +11,7 @@ CONFIGS = [  # name, row, kind, tau, tok/s, pass@1
     ("ar", "ar", "ar", None, 10.0, 0.5),
     ("static-k2", "static-k2", "static", None, 14.0, 0.5),
     ("static-k4", "static-k4", "static", None, 16.0, 0.5),
-    ("ngram", "ngram", "ngram", None, 11.0, 0.5),
+    ("ngram", "ngram", "ngram", None, 20.0, 0.5),
     ("policy-only", "policy-only", "adaptivespec", 1.0, 18.0, 0.5),
     ("margin-k4@0.5", "margin-k4", "adaptivespec", 0.5, 20.0, 0.45),
     ("adaptive@0.9", "adaptive", "adaptivespec", 0.9, 19.0, 0.5),
@@ -54,6 +54,8 @@ def test_ratios_are_taken_within_the_same_cell_group(data):
     assert cell["derived"]["speedup_vs_ar"] == pytest.approx(2.4)
     assert cell["derived"]["speedup_vs_best_static"] == pytest.approx(24 / 16)
     assert cell["derived"]["best_static"] == "static-k4"
+    assert cell["derived"]["speedup_vs_best_stock"] == pytest.approx(24 / 20)  # n-gram beats every static k
+    assert cell["derived"]["best_stock"] == "ngram"
     assert cell["derived"]["accuracy_recovery"] == pytest.approx(0.8)
     failed = next(c for c in data["cells"] if c["status"] == "failed")
     assert "derived" not in failed
@@ -63,7 +65,7 @@ def test_markdown_has_one_table_per_group_and_reports_problems(data):
     derive(data)
     text = markdown(data)
     assert "## humaneval, batch 1, temperature 0" in text and "## general, batch 8, temperature 0" in text
-    assert "| `adaptive@0.5` | 24.0 | 2.40x | 1.50x | 2.50 | 4.00 | 30.0 | 60.0 | 40% (4/10) | 80% |" in text
+    assert "| `adaptive@0.5` | 24.0 | 2.40x | 1.50x | 1.20x | 2.50 | 4.00 | 30.0 | 60.0 | 40% (4/10) | 80% |" in text
     assert "`bogus`: unknown configuration" in text
     assert "**failed**: RuntimeError: boom / bad" in text  # a '|' would break the table
     assert "## Warnings" not in text  # every AdaptiveSpec cell recorded depths

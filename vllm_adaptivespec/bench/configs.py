@@ -14,11 +14,22 @@ from typing import Any
 DRAFTER = "<drafter>"  # replaced by the drafter's path
 TAU = "<tau>"  # replaced by each tau of the sweep
 
-KINDS = ("ar", "static", "ngram", "dynamic", "adaptivespec")
+KINDS = ("ar", "static", "ngram", "dynamic", "static-tree", "adaptivespec")
+STOCK_KINDS = ("static", "ngram", "dynamic")  # stock vLLM speculation, the references to beat
 
 
 def _draft(k: int, **extra: Any) -> dict:
     return {"method": "draft_model", "model": DRAFTER, "num_speculative_tokens": k, **extra}
+
+
+def _tree(**settings: Any) -> dict:
+    """AdaptiveSpec tree-mode settings (vLLM's ``num_speculative_tokens`` is then the node ceiling)."""
+    return {"mode": "tree", **settings}
+
+
+# The fixed tree: depth 4 like static-k4, two children per node, 8 nodes (the top-1 chain plus its
+# best siblings), so it costs the same 4 drafter passes as static-k4 and verifies 9 tokens.
+STATIC_TREE = _tree(tau=1.0, min_depth=4, max_depth=4, min_width=2, max_width=2, min_nodes=8, max_nodes=8)
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,12 @@ TABLE: tuple[Row, ...] = (
         per_tau=True, depth=4, about="AdaptiveSpec margin rule at a static depth of 4"),
     Row("adaptive", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8},
         per_tau=True, about="full AdaptiveSpec: shape policy + margin rule"),
+    Row("static-tree", "static-tree", _draft(8), STATIC_TREE, depth=4,
+        about="fixed draft tree (depth 4, width 2, 8 nodes) on AdaptiveSpec's tree path, exact verification"),
+    Row("tree-policy-only", "adaptivespec", _draft(24), _tree(tau=1.0, max_depth=8),
+        about="AdaptiveSpec tree policy (depth, width, nodes per step), exact verification (lossless)"),
+    Row("adaptive-tree", "adaptivespec", _draft(24), _tree(tau=TAU, max_depth=8),
+        per_tau=True, about="full AdaptiveSpec tree: tree policy + margin rule"),
 )
 
 ROWS = {row.name: row for row in TABLE}

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .configs import STOCK_KINDS
+
 DEFINITIONS = """\
 - **tok/s**: generated tokens / wall-clock of the cell (all prompts, `batch` requests in flight, prefill included).
-- **x AR**, **x best static**: tok/s over the autoregressive target's, and over the fastest static-k draft-model
-  configuration's, in the same run, workload, batch and temperature.
+- **x AR**, **x best static**, **x best stock**: tok/s over the autoregressive target's, over the fastest
+  static-k draft-model configuration's, and over the fastest stock vLLM speculation's (static k, n-gram,
+  dynamic), in the same run, workload, batch and temperature.
 - **accept len**: mean tokens emitted per verification step (accepted draft tokens + 1), from vLLM's spec-decode counters.
-- **draft/step**: draft tokens proposed per request and step.
+- **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
   requests), steps that prefilled a request left out.
 - **accuracy**: HumanEval pass@1 (greedy or one sample; code run in a sandboxed subprocess), or for the general
@@ -33,7 +36,7 @@ def _ratio(a, b):
 
 
 def derive(data: dict) -> None:
-    """Add each cell's ``derived`` figures (ratios to AR / best static k, accuracy recovery)."""
+    """Add each cell's ``derived`` figures (ratios to AR / best static k / best stock, accuracy recovery)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell in data["cells"]:
         if cell.get("status") == "ok":
@@ -44,6 +47,8 @@ def derive(data: dict) -> None:
         ar = next((c for c in cells if c["config"] == "ar"), None)
         statics = [c for c in cells if c.get("kind") == "static"]
         best = max(statics, key=lambda c: c["tokens_per_s"], default=None)
+        stock = [c for c in cells if c.get("kind") in STOCK_KINDS]
+        best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None)
         ar_accuracy = (ar.get("accuracy") or {}).get("value") if ar else None
         for cell in cells:
             accuracy = (cell.get("accuracy") or {}).get("value")
@@ -51,6 +56,8 @@ def derive(data: dict) -> None:
                 "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar["tokens_per_s"] if ar else None),
                 "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best["tokens_per_s"] if best else None),
                 "best_static": best["config"] if best else None,
+                "speedup_vs_best_stock": _ratio(cell["tokens_per_s"], best_stock["tokens_per_s"] if best_stock else None),
+                "best_stock": best_stock["config"] if best_stock else None,
                 "accuracy_recovery": _ratio(accuracy, ar_accuracy),
             }
 
@@ -67,7 +74,7 @@ def _pct(value) -> str:
 
 def _row(cell: dict) -> list[str]:
     if cell.get("status") != "ok":
-        return [f"`{cell['config']}`", f"**{cell.get('status', '?')}**: {_short(cell.get('error', ''))}"] + [""] * 10
+        return [f"`{cell['config']}`", f"**{cell.get('status', '?')}**: {_short(cell.get('error', ''))}"] + [""] * (len(HEADER) - 2)
     derived = cell.get("derived", {})
     spec = cell.get("spec", {})
     latency = cell.get("step_latency_ms", {})
@@ -79,6 +86,7 @@ def _row(cell: dict) -> list[str]:
         _fmt(cell["tokens_per_s"], 1),
         _fmt(derived.get("speedup_vs_ar"), 2, "x"),
         _fmt(derived.get("speedup_vs_best_static"), 2, "x"),
+        _fmt(derived.get("speedup_vs_best_stock"), 2, "x"),
         _fmt(spec.get("mean_acceptance_length"), 2),
         _fmt(spec.get("draft_tokens_per_step"), 2),
         _fmt(latency.get("p50"), 1),
@@ -95,7 +103,7 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-HEADER = ["config", "tok/s", "x AR", "x best static", "accept len", "draft/step", "step p50 ms",
+HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
           "step p99 ms", "accuracy", "recovery", "same as AR", "promoted"]
 
 

@@ -85,7 +85,8 @@ class AdaptiveState:
     def choose_shapes(self, confidence: torch.Tensor, node_ceiling: int) -> list[TreeShape]:
         """Each batch row's tree shape this step, from its policy and its first-pass confidence;
         at most ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the
-        measured verification cost says pay off (``VerifyCost.node_cap``)."""
+        measured verification cost says pay off (``VerifyCost.node_cap``), but never below
+        ``min_nodes`` (so a pinned shape stays pinned)."""
         req_ids = self.request_ids()
         batch = len(req_ids)
         if self._random_shapes is not None:
@@ -93,7 +94,7 @@ class AdaptiveState:
         else:
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
-            cap = self.cost.node_cap(batch, acceptance, node_ceiling)
+            cap = max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling))
             shapes = [
                 policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap)
                 for row, policy in enumerate(policies)
