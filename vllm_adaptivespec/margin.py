@@ -228,10 +228,13 @@ def verify_sampled(
     generator: torch.Generator | None = None,
     draft_probs: torch.Tensor | None = None,
     uniforms: torch.Tensor | None = None,
+    generators: dict[int, torch.Generator] | None = None,
 ) -> VerifyResult:
     """Speculative rejection sampling over trees; ``target_probs`` [B, N+1, V] already processed
     (temperature, top-p, ...), each row summing to 1; ``draft_probs`` [B, N, V], row i = the distribution node i's token
-    was drawn from (chains only). ``uniforms`` [B, N] replaces the per-node random draws (tests)."""
+    was drawn from (chains only). ``uniforms`` [B, N] replaces the per-node random draws (tests).
+    ``generators`` {row: generator} draws a row's randomness from its own generator (seeded requests,
+    as vLLM's sampler does), the other rows from ``generator``."""
     _check_rows(target_probs, trees)
     batch, slots = trees.tokens.shape
     device = target_probs.device
@@ -256,7 +259,7 @@ def verify_sampled(
         q_token = torch.where(valid, draft_probs[batch_index, node_index.expand(batch, slots), tokens].float(), 1.0)
         pass_prob = p_token / q_token.clamp(min=1e-30)
     if uniforms is None:
-        uniforms = torch.rand(batch, slots, generator=generator, device=device)
+        uniforms = uniform_draws(batch, slots, generator, generators, device)
     passed = valid & (uniforms < pass_prob)
     first_pass = passed & ~(earlier & passed.unsqueeze(1)).any(-1)
 
@@ -291,15 +294,36 @@ def verify_sampled(
     empty = residual.sum(1) <= 0
     if bool(empty.any()):  # numerically nothing left: fall back to the row itself
         residual = torch.where(empty[:, None], target_probs[last_row].float(), residual)
-    next_token = sample_from_weights(residual, generator)
+    next_token = sample_from_weights(residual, generator, generators)
     return _result(trees, path, promoted, num_accepted, next_token, used)
 
 
 SAMPLE_BLOCK = 1024
 
 
-def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of ``weights`` [B, V] (non-negative, positive total), proportional to them.
+def uniform_draws(
+    batch: int,
+    count: int,
+    generator: torch.Generator | None,
+    generators: dict[int, torch.Generator] | None,
+    device,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """[batch, count] uniforms in [0, 1): row i from ``generators[i]`` when it has one, so a seeded
+    request's draws depend on its seed alone, not on the batch it shares; the rest from ``generator``."""
+    draws = torch.rand(batch, count, generator=generator, device=device, dtype=dtype)
+    for row, own in (generators or {}).items():
+        draws[row] = torch.rand(count, generator=own, device=device, dtype=dtype)
+    return draws
+
+
+def sample_from_weights(
+    weights: torch.Tensor,
+    generator: torch.Generator | None = None,
+    generators: dict[int, torch.Generator] | None = None,
+) -> torch.Tensor:
+    """One draw per row of ``weights`` [B, V] (non-negative, positive total), proportional to them
+    (randomness as in `uniform_draws`).
 
     Two-level inverse CDF: pick a block of SAMPLE_BLOCK tokens by its total, then a token inside
     it. That is one vectorised pass over the vocabulary (the block sums) instead of a full cumsum
@@ -315,7 +339,7 @@ def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None
     if not bool((torch.isfinite(total) & (total > 0)).all()):
         # Sampling would silently return an out-of-vocabulary index; fail where the cause is visible.
         raise ValueError("sample_from_weights: a row has no positive finite mass (NaN/inf probabilities?)")
-    uniforms = torch.rand(batch, 2, generator=generator, device=weights.device, dtype=torch.float64)
+    uniforms = uniform_draws(batch, 2, generator, generators, weights.device, torch.float64)
     block = torch.searchsorted(block_cdf, uniforms[:, :1] * block_cdf[:, -1:], right=True)
     start = block.clamp(max=block_cdf.shape[1] - 1) * SAMPLE_BLOCK  # [B, 1]
     index = start + torch.arange(SAMPLE_BLOCK, device=weights.device)

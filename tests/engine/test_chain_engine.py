@@ -121,3 +121,18 @@ def test_sampling_completes_every_request(tiny_models, tiny_prompts):
     result = run_engine(_spec(tiny_models, tiny_prompts, adaptivespec=settings, temperature=0.7, seed=1))
     assert [len(t) for t in result["outputs"]["4"]] == [MAX_TOKENS] * len(tiny_prompts)
     assert result["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+
+
+def test_seeded_sampling_does_not_depend_on_the_engine_seed(tiny_models, tiny_prompts):
+    """Per-request seeds drive the sampled verification (as they drive vLLM's own sampler): the same
+    seeded requests give the same tokens under two engine seeds, whose global RNGs differ."""
+    settings = {"tau": 0.5, "draft_cost": 0.05}
+    outputs = []
+    for engine_seed in (0, 1):
+        spec = _spec(tiny_models, tiny_prompts, adaptivespec=settings, temperature=0.7, seed=5, batch_sizes=[4])
+        spec["engine"]["seed"] = engine_seed
+        result = run_engine(spec)
+        assert result["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+        outputs.append(result["outputs"]["4"])
+    assert outputs[0] == outputs[1]
+

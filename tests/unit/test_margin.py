@@ -415,3 +415,21 @@ def test_sampling_refuses_rows_without_finite_mass():
     for bad in (torch.zeros(1, 300), torch.full((1, 300), float("nan"))):
         with pytest.raises(ValueError, match="no positive finite mass"):
             sample_from_weights(bad)
+
+
+def test_seeded_rows_draw_from_their_own_generators():
+    """A row with its own generator (vLLM's seeded request) verifies the same way whatever the global RNG
+    and the other rows draw; rows without one follow the global RNG."""
+    gen = torch.Generator().manual_seed(3)
+    probs = (torch.randn(3, 5, 64, generator=gen) * 0.5).softmax(-1)
+    trees = DraftTrees.chain(torch.randint(0, 64, (3, 4), generator=gen), torch.tensor([4, 4, 4]))
+
+    def verify(global_seed: int) -> VerifyResult:
+        torch.manual_seed(global_seed)
+        return verify_sampled(probs, trees, generators={1: torch.Generator().manual_seed(7)})
+
+    results = [verify(seed) for seed in range(6)]
+    seeded = {(r.num_accepted[1].item(), tuple(r.output_tokens()[1].tolist())) for r in results}
+    unseeded = {(r.num_accepted[0].item(), tuple(r.output_tokens()[0].tolist())) for r in results}
+    assert len(seeded) == 1
+    assert len(unseeded) > 1

@@ -82,7 +82,8 @@ def margin_rejection_sample(
             padded_draft_probs = torch.zeros((batch, max_spec_len, vocab), dtype=torch.float32, device=device)
             padded_draft_probs[valid] = draft_probs[flat].float()
         sampled = verify_sampled(
-            logits.softmax(dim=-1), trees, tau, allowance, generator=None, draft_probs=padded_draft_probs
+            logits.softmax(dim=-1), trees, tau, allowance, draft_probs=padded_draft_probs,
+            generators=sampling_metadata.generators,  # seeded requests draw from their own generators
         )
         out_tokens = torch.where(is_greedy[:, None], out_tokens, sampled.output_tokens())
         num_accepted = torch.where(is_greedy, num_accepted, sampled.num_accepted)
