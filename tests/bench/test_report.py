@@ -83,7 +83,7 @@ def test_plots_are_written_as_png(data, tmp_path):
     derive(data)
     made = draw_all(data, tmp_path / "plots")
     assert sorted(p.name for p in made) == ["draft_depth_distribution.png", "pass_at_1_vs_tau.png",
-                                                "speed_vs_tau.png"]
+                                                "speed_by_config.png", "speed_vs_tau.png"]
     for path in made:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
@@ -92,4 +92,4 @@ def test_plots_skip_what_has_no_data(tmp_path):
     data = {"cells": [_cell("ar", "ar", "ar", None, 10.0, 0.5, workload="general")]}
     derive(data)
     made = draw_all(data, tmp_path / "plots")
-    assert [p.name for p in made] == ["speed_vs_tau.png"]
+    assert [p.name for p in made] == ["speed_by_config.png", "speed_vs_tau.png"]

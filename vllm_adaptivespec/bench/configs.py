@@ -41,6 +41,7 @@ class Row:
     per_tau: bool = False
     depth: int | None = None  # fixed draft depth, None when it varies per step
     about: str = ""
+    lossless_twin: str | None = None  # for a swept row: the row it equals at tau = 1
 
 
 # vLLM's batch-size schedule for dynamic speculation: (first batch size, last batch size, k).
@@ -60,15 +61,15 @@ TABLE: tuple[Row, ...] = (
     Row("policy-only", "adaptivespec", _draft(8), {"tau": 1.0, "max_depth": 8},
         about="AdaptiveSpec shape policy, exact verification (lossless)"),
     Row("margin-k4", "adaptivespec", _draft(4), {"tau": TAU, "min_depth": 4, "max_depth": 4},
-        per_tau=True, depth=4, about="AdaptiveSpec margin rule at a static depth of 4"),
+        per_tau=True, depth=4, about="AdaptiveSpec margin rule at a static depth of 4", lossless_twin="static-k4"),
     Row("adaptive", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8},
-        per_tau=True, about="full AdaptiveSpec: shape policy + margin rule"),
+        per_tau=True, about="full AdaptiveSpec: shape policy + margin rule", lossless_twin="policy-only"),
     Row("static-tree", "static-tree", _draft(8), STATIC_TREE, depth=4,
         about="fixed draft tree (depth 4, width 2, 8 nodes) on AdaptiveSpec's tree path, exact verification"),
     Row("tree-policy-only", "adaptivespec", _draft(24), _tree(tau=1.0, max_depth=8),
         about="AdaptiveSpec tree policy (depth, width, nodes per step), exact verification (lossless)"),
     Row("adaptive-tree", "adaptivespec", _draft(24), _tree(tau=TAU, max_depth=8),
-        per_tau=True, about="full AdaptiveSpec tree: tree policy + margin rule"),
+        per_tau=True, about="full AdaptiveSpec tree: tree policy + margin rule", lossless_twin="tree-policy-only"),
 )
 
 ROWS = {row.name: row for row in TABLE}

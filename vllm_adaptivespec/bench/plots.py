@@ -2,8 +2,9 @@
 (one figure per histogram the plugin exports).
 
 One panel per (workload, batch, temperature). Swept rows are drawn as lines over tau; the point at
-tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, the static row of the same depth
-for ``margin-k<d>``), and the other configurations are horizontal reference lines.
+tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, ``static-k4`` for ``margin-k4``), and
+the other configurations are horizontal reference lines. ``speed_by_config`` shows every configuration
+of a panel side by side (what a run with one tau, such as the tree preset, is read from).
 """
 
 from __future__ import annotations
@@ -16,12 +17,8 @@ from .engine_metrics import histogram_distribution
 
 SWEPT = [row for row in TABLE if row.per_tau]
 REFERENCE_STYLES = {"ar": ("black", ":"), "ngram": ("tab:brown", "-."), "dynamic": ("tab:purple", "--")}
-
-
-def _lossless_twin(row) -> str | None:
-    if row.depth is None:
-        return "policy-only"
-    return next((r.name for r in TABLE if r.kind == "static" and r.depth == row.depth), None)
+KIND_COLORS = {"ar": "tab:gray", "static": "tab:blue", "ngram": "tab:brown", "dynamic": "tab:purple",
+               "static-tree": "tab:orange", "adaptivespec": "tab:green"}
 
 
 def _groups(data: dict) -> dict[tuple, dict[str, dict]]:
@@ -51,7 +48,7 @@ def _tau_panel(ax, cells: dict[str, dict], value, ylabel: str) -> bool:
     drawn = False
     for row in SWEPT:
         points = [(c["tau"], value(c)) for c in cells.values() if c.get("row") == row.name]
-        twin = cells.get(_lossless_twin(row) or "")
+        twin = cells.get(row.lossless_twin or "")
         if twin is not None:
             points.append((1.0, value(twin)))
         points = sorted((t, v) for t, v in points if t is not None and v is not None)
@@ -105,6 +102,40 @@ def speed_vs_tau(data: dict, path: Path) -> Path | None:
     return _save(plt, fig, axes, path, "Output tokens/s relative to autoregressive decoding")
 
 
+def speed_by_config(data: dict, path: Path) -> Path | None:
+    """Every configuration's tok/s per panel, labelled with x AR, acceptance length and draft tokens per step."""
+    groups = _groups(data)
+    if not groups:
+        return None
+    order = list(data.get("configs", {}))
+    plt, fig, axes = _figure(len(groups))
+    for ax, ((workload, batch, temp), cells) in zip(axes, groups.items()):
+        names = sorted(cells, key=lambda n: order.index(n) if n in order else len(order))[::-1]
+        speeds = [cells[n]["tokens_per_s"] for n in names]
+        ax.barh(names, speeds, color=[KIND_COLORS.get(cells[n].get("kind"), "tab:red") for n in names])
+        for y, name in enumerate(names):
+            cell = cells[name]
+            vs_ar = (cell.get("derived") or {}).get("speedup_vs_ar")
+            spec = cell.get("spec") or {}
+            label = " " + (f"{vs_ar:.2f}x" if vs_ar is not None else "")
+            if spec.get("mean_acceptance_length") is not None:
+                label += f", len {spec['mean_acceptance_length']:.1f}/{spec.get('draft_tokens_per_step') or 0:.1f}"
+            ax.text(cell["tokens_per_s"], y, label, va="center", fontsize="x-small")
+        ax.set_xlim(0, max(speeds) * 1.45)
+        ax.set_xlabel("output tokens/s")
+        ax.set_title(f"{workload}, batch {batch}, T={temp:g}", fontsize="medium")
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(axis="y", labelsize="small")
+    fig.text(0.5, 0.01, "labels: tok/s over AR, accepted length / draft tokens (tree nodes) per step", ha="center",
+             fontsize="small")
+    fig.suptitle("Output tokens/s by configuration")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def pass_at_1_vs_tau(data: dict, path: Path) -> Path | None:
     groups = {k: v for k, v in _groups(data).items() if k[0] == "humaneval"}
     if not groups:
@@ -156,6 +187,7 @@ def _histogram_metrics(data: dict) -> list[str]:
 
 def draw_all(data: dict, directory: Path) -> list[Path]:
     made = [
+        speed_by_config(data, directory / "speed_by_config.png"),
         speed_vs_tau(data, directory / "speed_vs_tau.png"),
         pass_at_1_vs_tau(data, directory / "pass_at_1_vs_tau.png"),
         # draft_depth today; any histogram the plugin adds later (nodes, width) gets its own figure

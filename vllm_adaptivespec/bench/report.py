@@ -53,10 +53,10 @@ def derive(data: dict) -> None:
         for cell in cells:
             accuracy = (cell.get("accuracy") or {}).get("value")
             cell["derived"] = {
-                "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar["tokens_per_s"] if ar else None),
-                "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best["tokens_per_s"] if best else None),
+                "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar and ar["tokens_per_s"]),
+                "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best and best["tokens_per_s"]),
                 "best_static": best["config"] if best else None,
-                "speedup_vs_best_stock": _ratio(cell["tokens_per_s"], best_stock["tokens_per_s"] if best_stock else None),
+                "speedup_vs_best_stock": _ratio(cell["tokens_per_s"], best_stock and best_stock["tokens_per_s"]),
                 "best_stock": best_stock["config"] if best_stock else None,
                 "accuracy_recovery": _ratio(accuracy, ar_accuracy),
             }
@@ -74,7 +74,8 @@ def _pct(value) -> str:
 
 def _row(cell: dict) -> list[str]:
     if cell.get("status") != "ok":
-        return [f"`{cell['config']}`", f"**{cell.get('status', '?')}**: {_short(cell.get('error', ''))}"] + [""] * (len(HEADER) - 2)
+        problem = f"**{cell.get('status', '?')}**: {_short(cell.get('error', ''))}"
+        return [f"`{cell['config']}`", problem] + [""] * (len(HEADER) - 2)
     derived = cell.get("derived", {})
     spec = cell.get("spec", {})
     latency = cell.get("step_latency_ms", {})
