@@ -78,7 +78,12 @@ class AdaptiveSpecConfig(BaseModel):
         le=10.0,
         description="Time of one drafter pass relative to one target verification step; depth is chosen "
         "where another draft token stops paying for its pass (0.3 ~ a 0.5B drafter for a 1.5B target, "
-        "~0.05 for an EAGLE head).",
+        "~0.05 for an EAGLE head). With measure_draft_cost, only the value until both are timed.",
+    )
+    measure_draft_cost: bool = Field(
+        True,
+        description="Replace draft_cost by the measured ratio of a drafter pass to a target forward on the "
+        "hardware at hand (timed every step); false = keep draft_cost fixed.",
     )
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(

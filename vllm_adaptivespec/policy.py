@@ -127,18 +127,22 @@ class SequencePolicy:
         weight = self.config.confidence_weight
         return min(1.0, weight * confidence + (1.0 - weight) * self.acceptance_rate)
 
-    def shape(self, confidence: float, batch_size: int = 1, node_cap: int | None = None) -> TreeShape:
-        """The draft tree shape for this step."""
-        return self.shape_for_signal(self.signal(confidence), batch_size, node_cap)
+    def shape(
+        self, confidence: float, batch_size: int = 1, node_cap: int | None = None, draft_cost: float | None = None
+    ) -> TreeShape:
+        """The draft tree shape for this step (``draft_cost``: a measured value in place of the config's)."""
+        return self.shape_for_signal(self.signal(confidence), batch_size, node_cap, draft_cost)
 
-    def shape_for_signal(self, signal: float, batch_size: int = 1, node_cap: int | None = None) -> TreeShape:
+    def shape_for_signal(
+        self, signal: float, batch_size: int = 1, node_cap: int | None = None, draft_cost: float | None = None
+    ) -> TreeShape:
         """The shape formula of the module docstring, for an already fused signal."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
         if node_cap is not None and node_cap < 1:
             raise ValueError(f"node_cap must be >= 1 or None (got {node_cap})")
         cfg = self.config
-        depth = best_depth(signal, cfg.min_depth, cfg.max_depth, cfg.draft_cost)
+        depth = best_depth(signal, cfg.min_depth, cfg.max_depth, cfg.draft_cost if draft_cost is None else draft_cost)
         if cfg.mode == "chain":
             width = 1
         else:

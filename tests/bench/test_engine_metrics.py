@@ -11,7 +11,7 @@ from vllm_adaptivespec.bench.engine_metrics import (
 LABELS = {"model_name": "m", "engine": "0"}
 
 
-def _metrics(drafts, draft_tokens, accepted, per_pos, depth_buckets, promoted):
+def _metrics(drafts, draft_tokens, accepted, per_pos, depth_buckets, promoted, draft_cost=0.3):
     return [
         Counter("vllm:spec_decode_num_drafts", LABELS, drafts),
         Counter("vllm:spec_decode_num_draft_tokens", LABELS, draft_tokens),
@@ -20,6 +20,7 @@ def _metrics(drafts, draft_tokens, accepted, per_pos, depth_buckets, promoted):
         Counter("vllm:adaptivespec_promoted_tokens", LABELS, promoted),
         Histogram("vllm:adaptivespec_draft_depth", LABELS, count=depth_buckets["+Inf"], sum=0.0,
                   buckets=depth_buckets),
+        Gauge("vllm:adaptivespec_draft_cost", LABELS, draft_cost),
         Counter("vllm:generation_tokens", LABELS, 999),  # not ours: ignored
         Gauge("vllm:num_requests_running", LABELS, 3.0),
     ]
@@ -27,7 +28,7 @@ def _metrics(drafts, draft_tokens, accepted, per_pos, depth_buckets, promoted):
 
 def test_cell_figures_come_from_the_difference_of_two_snapshots():
     before = snapshot(_metrics(10, 40, 20, [8, 6, 4, 2], {"1.0": 2, "2.0": 5, "4.0": 10, "+Inf": 10}, 1))
-    after = snapshot(_metrics(30, 100, 70, [25, 20, 15, 10], {"1.0": 2, "2.0": 9, "4.0": 30, "+Inf": 30}, 6))
+    after = snapshot(_metrics(30, 100, 70, [25, 20, 15, 10], {"1.0": 2, "2.0": 9, "4.0": 30, "+Inf": 30}, 6, 0.42))
     counts = delta(before, after)
     figures = spec_figures(counts)
     assert figures["num_drafts"] == 20 and figures["num_draft_tokens"] == 60
@@ -36,6 +37,7 @@ def test_cell_figures_come_from_the_difference_of_two_snapshots():
     assert figures["accepted_per_position"] == [17, 14, 11, 8]
     ours = adaptivespec_figures(counts)
     assert ours["promoted_tokens"]["value"] == 5
+    assert ours["draft_cost"] == {"type": "gauge", "value": 0.42}  # a level: the latest value, not a difference
     assert histogram_distribution(ours["draft_depth"]) == [("1.0", 0), ("2.0", 4), ("4.0", 16)]
     assert "vllm:generation_tokens" not in counts
 

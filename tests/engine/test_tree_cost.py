@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_adaptivespec.engine.verify_cost import VerifyCost
+from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 
 # 2 CPU cores, Qwen2.5-Coder-1.5B: relative cost of 1, 4, 8, 16, 32 query tokens.
 QWEN_ON_2_CORES = {1: 1.0, 4: 1.0, 8: 1.3, 16: 1.5, 32: 2.1}
@@ -58,3 +58,18 @@ def test_measurements_are_smoothed_per_bucket():
     cost.observe(7, 2.0)  # same bucket (8)
     cost.observe(1, 1.0)
     assert cost.seconds(8) == pytest.approx(1.5)
+
+
+def test_draft_cost_is_the_smoothed_ratio_of_a_pass_to_a_target_forward():
+    cost = DraftCost(smoothing=0.5)
+    assert cost.ratio() is None
+    cost.observe_draft(0.3, passes=3)  # 0.1 s per pass
+    assert cost.ratio() is None  # no target forward timed yet
+    cost.observe_target(0.25)
+    assert cost.ratio() == pytest.approx(0.4)
+    cost.observe_draft(0.4, passes=2)  # 0.2 s per pass: smoothed to 0.15
+    cost.observe_target(0.25)
+    assert cost.ratio() == pytest.approx(0.6)
+    cost.observe_draft(1.0, passes=0)  # nothing to learn from
+    cost.observe_target(0.0)
+    assert cost.ratio() == pytest.approx(0.6)

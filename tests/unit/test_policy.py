@@ -220,3 +220,13 @@ def test_expensive_drafter_drafts_shallower_and_confident_one_deeper():
     assert costly.shape_for_signal(0.5).depth < costly.shape_for_signal(0.97).depth
     assert cheap.shape_for_signal(1.0).depth == 8  # nothing is lost to rejections: use all of it
     assert costly.shape_for_signal(0.0).depth == 1
+
+
+@FAST
+@given(unit, st.floats(0.0, 3.0), st.integers(1, 16))
+def test_measured_draft_cost_replaces_the_configured_one(signal, draft_cost, batch_size):
+    measured = SequencePolicy(AdaptiveSpecConfig(max_depth=8, draft_cost=0.3))
+    configured = SequencePolicy(AdaptiveSpecConfig(max_depth=8, draft_cost=draft_cost))
+    assert measured.shape_for_signal(signal, batch_size, draft_cost=draft_cost) == configured.shape_for_signal(
+        signal, batch_size
+    )

@@ -15,7 +15,7 @@ WANTED_PREFIXES = ("vllm:spec_decode_", ADAPTIVESPEC_PREFIX)
 
 
 def snapshot(metrics: list) -> dict[str, dict]:
-    """vLLM `Metric` objects (``llm.get_metrics()``) -> {name: counter/vector/histogram dict}."""
+    """vLLM `Metric` objects (``llm.get_metrics()``) -> {name: counter/vector/histogram/gauge dict}."""
     out: dict[str, dict] = {}
     for metric in metrics:
         name = metric.name
@@ -33,6 +33,8 @@ def snapshot(metrics: list) -> dict[str, dict]:
         elif type(metric).__name__ == "Counter":
             entry = out.setdefault(name, {"type": "counter", "value": 0})
             entry["value"] += metric.value
+        elif type(metric).__name__ == "Gauge":
+            out[name] = {"type": "gauge", "value": metric.value}
     return out
 
 
@@ -42,6 +44,8 @@ def delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
         was = before.get(name)
         if now["type"] == "counter":
             out[name] = {"type": "counter", "value": now["value"] - (was["value"] if was else 0)}
+        elif now["type"] == "gauge":  # a level, not a count: the value at the end of the cell
+            out[name] = dict(now)
         elif now["type"] == "vector":
             out[name] = {"type": "vector", "values": _combine(now["values"], was["values"] if was else [], -1)}
         else:
@@ -85,7 +89,7 @@ def spec_figures(d: dict[str, dict]) -> dict:
 
 
 def adaptivespec_figures(d: dict[str, dict]) -> dict[str, dict]:
-    """The plugin's own metrics (``vllm:adaptivespec_*``), if it exported any: counters and histograms."""
+    """The plugin's own metrics (``vllm:adaptivespec_*``), if it exported any."""
     return {name[len(ADAPTIVESPEC_PREFIX):]: entry for name, entry in d.items() if name.startswith(ADAPTIVESPEC_PREFIX)}
 
 

@@ -19,7 +19,12 @@ from vllm_adaptivespec.engine.patching import wrap
 
 PROMOTED = "vllm:adaptivespec_promoted_tokens"
 DEPTH = "vllm:adaptivespec_draft_depth"
-_EXTRA_FIELDS = {"adaptivespec_promoted": (int, 0), "adaptivespec_depth_counts": (list[int], None)}
+DRAFT_COST = "vllm:adaptivespec_draft_cost"
+_EXTRA_FIELDS = {
+    "adaptivespec_promoted": (int, 0),
+    "adaptivespec_depth_counts": (list[int], None),
+    "adaptivespec_draft_cost": (float, -1.0),  # -1: not known in this step
+}
 
 
 def extend_spec_decoding_stats() -> None:
@@ -44,10 +49,12 @@ def add_step_stats(spec_decoding_stats, step) -> None:
             counts.extend([0] * (depth + 1 - len(counts)))
         counts[depth] += n
     spec_decoding_stats.adaptivespec_depth_counts = counts
+    if step.draft_cost is not None:
+        spec_decoding_stats.adaptivespec_draft_cost = step.draft_cost
 
 
 def install_frontend_metrics() -> None:
-    """Prometheus counter + histogram, and the extra figures on vLLM's spec-decode log line."""
+    """Prometheus counter, histogram and gauge, and the extra figures on vLLM's spec-decode log line."""
     prom_cls = vllm_sd_metrics.SpecDecodingProm
     logging_cls = vllm_sd_metrics.SpecDecodingLogging
 
@@ -76,6 +83,16 @@ def install_frontend_metrics() -> None:
             ),
             per_engine_labelvalues,
         )
+        self.adaptivespec_draft_cost = create_metric_per_engine(
+            prometheus_client.Gauge(
+                name=DRAFT_COST,
+                documentation="Drafter pass time / target forward time the policy prices depth with "
+                "(measured online, or the configured draft_cost).",
+                labelnames=labelnames,
+                multiprocess_mode="mostrecent",
+            ),
+            per_engine_labelvalues,
+        )
 
     @wrap(prom_cls, "observe", "feed AdaptiveSpec counters from the step's SpecDecodingStats")
     def observe(original, self, spec_decoding_stats, engine_idx=0, *args, **kwargs):
@@ -87,17 +104,22 @@ def install_frontend_metrics() -> None:
         for depth, n in enumerate(spec_decoding_stats.adaptivespec_depth_counts or []):
             for _ in range(n):
                 histogram.observe(depth)
+        if spec_decoding_stats.adaptivespec_draft_cost >= 0:
+            self.adaptivespec_draft_cost[engine_idx].set(spec_decoding_stats.adaptivespec_draft_cost)
 
     @wrap(logging_cls, "reset", "also reset AdaptiveSpec's log-line accumulators")
     def reset(original, self):
         original(self)
         self.adaptivespec_promoted = 0
         self.adaptivespec_depth_counts = np.zeros(0, dtype=np.int64)
+        self.adaptivespec_draft_cost = -1.0
 
     @wrap(logging_cls, "observe", "accumulate AdaptiveSpec figures for the periodic log line")
     def log_observe(original, self, spec_decoding_stats):
         original(self, spec_decoding_stats)
         self.adaptivespec_promoted += spec_decoding_stats.adaptivespec_promoted
+        if spec_decoding_stats.adaptivespec_draft_cost >= 0:
+            self.adaptivespec_draft_cost = spec_decoding_stats.adaptivespec_draft_cost
         counts = np.asarray(spec_decoding_stats.adaptivespec_depth_counts or [], dtype=np.int64)
         if counts.size:
             size = max(counts.size, self.adaptivespec_depth_counts.size)
@@ -109,14 +131,16 @@ def install_frontend_metrics() -> None:
     @wrap(logging_cls, "log", "append AdaptiveSpec figures to vLLM's spec-decode log line")
     def log(original, self, log_fn=vllm_sd_metrics.logger.info):
         promoted, counts = self.adaptivespec_promoted, self.adaptivespec_depth_counts
+        draft_cost = self.adaptivespec_draft_cost
         had_drafts = bool(self.num_drafts)
         original(self, log_fn)
         if had_drafts and counts.size:
             mean_depth = float((counts * np.arange(counts.size)).sum() / max(counts.sum(), 1))
             log_fn(
                 "AdaptiveSpec metrics: Margin-promoted tokens: %d, Mean chosen depth: %.2f, "
-                "Depth histogram: %s",
+                "Depth histogram: %s, Draft cost: %.3f",
                 promoted,
                 mean_depth,
                 counts.tolist(),
+                draft_cost,
             )

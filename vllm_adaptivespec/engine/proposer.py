@@ -17,6 +17,7 @@ which keeps recursive rejection sampling exact for trees; no draft probabilities
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -55,6 +56,7 @@ class AdaptiveProposerMixin:
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings,
             )  # fmt: skip
+        started = time.perf_counter()
         self.num_speculative_tokens = num_speculative_tokens
         self._last_draft_probs = None
         if self.method == "eagle3":
@@ -70,7 +72,10 @@ class AdaptiveProposerMixin:
         )  # fmt: skip
         root_position = self.positions[sample_rows]
         trees = self._grow(last[sample_rows], hidden[sample_rows], root_position, attn, num_speculative_tokens)
-        return self.adaptive_state.record_drafts(trees)
+        drafts = self.adaptive_state.record_drafts(trees)  # reads the tokens: the device has finished
+        passes = max(1, trees.max_depth)  # the first pass drafts level 1, one more pass per further level
+        self.adaptive_state.draft_cost.observe_draft(time.perf_counter() - started, passes)
+        return drafts
 
     def _first_pass(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
                     token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs):  # fmt: skip

@@ -18,7 +18,7 @@ import torch
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.request_params import request_tau
-from vllm_adaptivespec.engine.verify_cost import VerifyCost
+from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
 from vllm_adaptivespec.tree import DraftTrees
 
@@ -29,6 +29,7 @@ class StepStats:
 
     promoted: int = 0
     depth_counts: list[int] = field(default_factory=list)  # index = chosen depth
+    draft_cost: float | None = None  # the drafter cost the policy priced depth with this step
 
     def add_depths(self, depths: Iterable[int]) -> None:
         for depth in depths:
@@ -74,6 +75,7 @@ class AdaptiveState:
         self.drafts: dict[str, DraftRecord] = {}
         self.tree_step = None  # the scheduled trees of the step in flight (engine.tree_step.TreeStep)
         self.cost = VerifyCost()  # target forward time by query tokens, measured by the runner hooks
+        self.draft_cost = DraftCost()  # drafter pass vs target forward, measured by the proposer and the hooks
         self.forward_started: float | None = None
         self.step_outputs = None  # the target forward's hidden states and slot mappings of that step
         # Debug knob: shapes drawn at random every step (exercises every tree layout and KV move).
@@ -86,7 +88,7 @@ class AdaptiveState:
         """Each batch row's tree shape this step, from its policy and its first-pass confidence;
         at most ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the
         measured verification cost says pay off (``VerifyCost.node_cap``), but never below
-        ``min_nodes`` (so a pinned shape stays pinned)."""
+        ``min_nodes`` (so a pinned shape stays pinned); depth priced by the measured drafter cost."""
         req_ids = self.request_ids()
         batch = len(req_ids)
         if self._random_shapes is not None:
@@ -95,8 +97,11 @@ class AdaptiveState:
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
             cap = max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling))
+            measured = self.draft_cost.ratio() if self.config.measure_draft_cost else None
+            draft_cost = self.config.draft_cost if measured is None else measured
+            self.step.draft_cost = draft_cost
             shapes = [
-                policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap)
+                policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
                 for row, policy in enumerate(policies)
             ]
         self.step.add_depths(shape.depth for shape in shapes)

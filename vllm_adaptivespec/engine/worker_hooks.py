@@ -106,6 +106,7 @@ def install() -> None:
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - state.forward_started
                 state.cost.observe(executed.scheduler_output.total_num_scheduled_tokens, elapsed)
+                state.draft_cost.observe_target(elapsed)
                 state.forward_started = None
             state.step_outputs = StepOutputs(
                 [executed.hidden_states, *(executed.aux_hidden_states or [])], executed.slot_mappings
