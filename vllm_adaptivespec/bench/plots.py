@@ -29,13 +29,13 @@ def _groups(data: dict) -> dict[tuple, dict[str, dict]]:
     return dict(sorted(groups.items()))
 
 
-def _figure(n: int):
+def _figure(n: int, max_cols: int = 4):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = min(n, 4)
+    cols = min(n, max_cols)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
     for ax in axes.flat[n:]:
@@ -108,7 +108,7 @@ def speed_by_config(data: dict, path: Path) -> Path | None:
     if not groups:
         return None
     order = list(data.get("configs", {}))
-    plt, fig, axes = _figure(len(groups))
+    plt, fig, axes = _figure(len(groups), max_cols=2)
     for ax, ((workload, batch, temp), cells) in zip(axes, groups.items()):
         names = sorted(cells, key=lambda n: order.index(n) if n in order else len(order))[::-1]
         speeds = [cells[n]["tokens_per_s"] for n in names]
