@@ -96,7 +96,7 @@ class AdaptiveState:
         else:
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
-            cap = max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling))
+            cap = min(node_ceiling, max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling)))
             measured = self.draft_cost.ratio() if self.config.measure_draft_cost else None
             draft_cost = self.config.draft_cost if measured is None else measured
             self.step.draft_cost = draft_cost
