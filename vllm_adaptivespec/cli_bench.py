@@ -39,8 +39,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="quick: ar, static-k4, policy-only, margin-k4@0.5, adaptive@0.5 on 4 fixed short "
                              "HumanEval problems and 4 general prompts, batch 1, greedy, short answers, a "
                              "14-minute budget; tree: trees (static, policy-only, adaptive@0.5) against chains, "
-                             "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; full: every configuration, 5 taus, all 164 problems and 62 "
-                             "prompts, batch 1 and 8, temperature 0 and 0.7 (default: quick)")
+                             "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; full: every "
+                             "configuration, 5 taus, all 164 problems and 62 prompts, batch 1 and 8, temperature "
+                             "0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
     models.add_argument("--pair", default=DEFAULT_PAIR,
                         help="embedded model pair prepared by `adaptivespec models prepare` (default: qwen-coder)")

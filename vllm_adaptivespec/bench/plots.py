@@ -81,6 +81,10 @@ def _save(plt, fig, axes, path: Path, title: str) -> Path:
                fontsize="small", bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return _write(plt, fig, path)
+
+
+def _write(plt, fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -130,10 +134,7 @@ def speed_by_config(data: dict, path: Path) -> Path | None:
              fontsize="small")
     fig.suptitle("Output tokens/s by configuration")
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _write(plt, fig, path)
 
 
 def pass_at_1_vs_tau(data: dict, path: Path) -> Path | None:

@@ -20,6 +20,11 @@ from __future__ import annotations
 import math
 
 
+def _smoothed(old: float | None, new: float, smoothing: float) -> float:
+    """Exponential moving average step (the first observation is taken as is)."""
+    return new if old is None else old + smoothing * (new - old)
+
+
 class VerifyCost:
     def __init__(self, smoothing: float = 0.2):
         self.smoothing = smoothing
@@ -35,7 +40,7 @@ class VerifyCost:
             return
         key = self.bucket(num_tokens)
         old = self._seconds.get(key)
-        self._seconds[key] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self._seconds[key] = _smoothed(old, seconds, self.smoothing)
 
     def seconds(self, num_tokens: int) -> float | None:
         """Estimated forward time for ``num_tokens``: linear between measured buckets, flat below the
@@ -79,22 +84,18 @@ class DraftCost:
         self._pass_seconds: float | None = None
         self._target_seconds: float | None = None
 
-    def _smooth(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
-
     def observe_draft(self, seconds: float, passes: int) -> None:
         """One propose call ran ``passes`` drafter forwards in ``seconds``."""
         if passes >= 1 and seconds > 0:
-            self._pass_seconds = self._smooth(self._pass_seconds, seconds / passes)
+            self._pass_seconds = _smoothed(self._pass_seconds, seconds / passes, self.smoothing)
 
     def observe_target(self, seconds: float) -> None:
         """One target forward took ``seconds``."""
         if seconds > 0:
-            self._target_seconds = self._smooth(self._target_seconds, seconds)
+            self._target_seconds = _smoothed(self._target_seconds, seconds, self.smoothing)
 
     def ratio(self) -> float | None:
         """Drafter pass / target forward, None until both were timed."""
         if self._pass_seconds is None or self._target_seconds is None:
             return None
         return self._pass_seconds / self._target_seconds
-
