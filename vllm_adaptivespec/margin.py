@@ -174,6 +174,83 @@ def verify_greedy(
     return _result(trees, path, promotable, num_accepted, next_token, used)
 
 
+@dataclass
+class ChainResult:
+    """Outcome of `verify_greedy_chains`, in vLLM's rejection-sampler layout."""
+
+    output_tokens: torch.Tensor  # [B, K+1] int32: accepted drafts, then the next token, `placeholder` after
+    num_accepted: torch.Tensor  # [B] drafts accepted (strict matches and promotions)
+    num_promoted: torch.Tensor  # [B] of those, accepted by the margin rule alone
+
+
+def verify_greedy_chains(
+    # [num_tokens]: every request's drafts, concatenated (request 0's first)
+    draft_token_ids: torch.Tensor,
+    # [num_tokens, V]: the target's logits at each draft's position (the row that judges the draft)
+    target_logits: torch.Tensor,
+    # [B]: drafts per request (0 allowed)
+    num_draft_tokens: torch.Tensor,
+    # [B, 1] or [B]: the target's token after the last draft (taken when every draft is accepted)
+    bonus_token_ids: torch.Tensor,
+    max_spec_len: int,
+    # [B] float: margin threshold per request (>= 1: strict matching)
+    tau: torch.Tensor,
+    # [B] long: promotions a request may still use this step
+    promotion_allowance: torch.Tensor,
+    placeholder: int = -1,
+) -> ChainResult:
+    """Greedy margin verification of chains on vLLM's ragged layout (no padding, no vocabulary copy).
+
+    Terms: a draft is *accepted* when it is the target's argmax at its position (a match) or, failing
+    that, *promoted* by the margin rule: ``p(draft) / p(top1) = exp(logit(draft) - logit(top1)) >= tau``
+    while the request's promotions so far this step stay within its allowance. A request accepts its
+    drafts up to the first one that is neither; the *next token* is then the target's argmax at that
+    position, or the *bonus* token when every draft was accepted. This is ``verify_greedy`` on
+    width-1 trees (same decisions, same arithmetic), with one argmax pass over the draft rows, the
+    pass vLLM's own greedy rejection sampler makes; the margin adds two gathers, no softmax.
+
+    Worked example: B = 2, num_draft_tokens = [3, 1], tau = [0.5, 1], allowance = [1, 0],
+    drafts [a b c | d]; argmax [a x c | y]; ratio of b 0.7. Request 0: a matches, b is promoted
+    (0.7 >= 0.5, 1 <= allowance 1), c matches: 3 accepted, output [a b c bonus0]. Request 1:
+    d != y and tau 1: 0 accepted, output [y - - -] (- = placeholder).
+    """
+    device = target_logits.device
+    batch = num_draft_tokens.shape[0]
+    counts = num_draft_tokens.to(device=device, dtype=torch.long)
+    request = torch.repeat_interleave(torch.arange(batch, device=device), counts)  # [T]
+    start = torch.cumsum(counts, 0) - counts  # [B]
+    position = torch.arange(request.shape[0], device=device) - start[request]  # [T] index within its chain
+    drafts = draft_token_ids.long()
+    top = target_logits.argmax(-1)  # [T], first index on ties, like greedy decoding
+    ok = drafts == top
+    promoted = torch.zeros_like(ok)
+    can_promote = (tau.to(device) < 1.0) & (promotion_allowance.to(device) > 0)  # [B]
+    if bool(can_promote.any()):
+        token_logit = target_logits.gather(1, drafts[:, None])[:, 0].float()
+        top_logit = target_logits.gather(1, top[:, None])[:, 0].float()
+        ratio = (token_logit - top_logit).double().exp()
+        promotable = ~ok & can_promote[request] & (ratio >= tau.to(device, torch.float64)[request])
+        per_request = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, promotable.long())
+        used = torch.cumsum(promotable.long(), 0) - (torch.cumsum(per_request, 0) - per_request)[request]  # within its chain
+        promoted = promotable & (used <= promotion_allowance.to(device)[request])
+        ok = ok | promoted
+    # Accepted = index of the first draft that is not ok (the chain's length when all are).
+    first_bad = torch.where(ok, max_spec_len + 1, position)
+    num_accepted = torch.full((batch,), max_spec_len + 1, dtype=torch.long, device=device)
+    num_accepted = num_accepted.scatter_reduce(0, request, first_bad, reduce="amin").clamp(max=counts)
+    kept = position < num_accepted[request]
+    num_promoted = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, (promoted & kept).long())
+
+    output = torch.full((batch, max_spec_len + 1), placeholder, dtype=torch.int32, device=device)
+    stop = position == num_accepted[request]  # the first rejected draft: the target's argmax replaces it
+    write = kept | stop
+    output[request[write], position[write]] = torch.where(kept, drafts, top)[write].to(torch.int32)
+    full = num_accepted == counts
+    rows = torch.arange(batch, device=device)[full]
+    output[rows, counts[full]] = bonus_token_ids.view(-1)[full].to(torch.int32)
+    return ChainResult(output, num_accepted, num_promoted)
+
+
 def _parent_row_argmax(target_logits: torch.Tensor, trees: DraftTrees, rows: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """([B, N+1] target argmax per row, whether every row has it).
 

@@ -433,3 +433,64 @@ def test_seeded_rows_draw_from_their_own_generators():
     unseeded = {(r.num_accepted[0].item(), tuple(r.output_tokens()[0].tolist())) for r in results}
     assert len(seeded) == 1
     assert len(unseeded) > 1
+
+
+def _ragged(counts, gen, vocab=6, integer_logits=True):
+    """Random chains on vLLM's ragged layout: drafts [T], logits [T, V], bonus [B]."""
+    total = sum(counts)
+    logits = torch.randint(-3, 4, (total, vocab), generator=gen).float() if integer_logits else torch.randn(
+        total, vocab, generator=gen
+    )
+    drafts = torch.randint(0, vocab, (total,), generator=gen)
+    bonus = torch.randint(0, vocab, (len(counts),), generator=gen)
+    return drafts, logits, bonus
+
+
+@pytest.mark.parametrize("integer_logits", [True, False])
+def test_ragged_greedy_chains_match_padded_verification_and_brute_force(integer_logits):
+    gen = torch.Generator().manual_seed(7)
+    rng = random.Random(7)
+    for _ in range(2000):
+        batch = rng.randint(1, 5)
+        max_spec = rng.randint(1, 6)
+        counts = [rng.randint(0, max_spec) for _ in range(batch)]
+        drafts, logits, bonus = _ragged(counts, gen, integer_logits=integer_logits)
+        tau = torch.tensor([rng.choice([1.0, 0.9, 0.5, 0.2, 0.05]) for _ in range(batch)])
+        allowance = torch.tensor([rng.randint(0, 3) for _ in range(batch)])
+        got = margin.verify_greedy_chains(
+            drafts, logits, torch.tensor(counts), bonus[:, None], max_spec, tau, allowance, placeholder=-1
+        )
+        # Padded reference: rows after node i, then the bonus token as a one-hot row.
+        vocab = logits.shape[1]
+        padded = torch.zeros(batch, max_spec + 1, vocab)
+        tokens = torch.zeros(batch, max_spec, dtype=torch.long)
+        offset = 0
+        for b, n in enumerate(counts):
+            padded[b, :n] = logits[offset : offset + n]
+            tokens[b, :n] = drafts[offset : offset + n]
+            padded[b, n] = float("-inf")
+            padded[b, n, bonus[b]] = 0.0
+            offset += n
+        expected = verify_greedy(padded, DraftTrees.chain(tokens, torch.tensor(counts)), tau, allowance)
+        assert got.num_accepted.tolist() == expected.num_accepted.tolist()
+        assert got.num_promoted.tolist() == expected.num_promoted.tolist()
+        want = torch.full((batch, max_spec + 1), -1, dtype=torch.long)
+        width = min(expected.output_tokens().shape[1], max_spec + 1)
+        want[:, :width] = expected.output_tokens()[:, :width]
+        assert got.output_tokens.long().tolist() == want.tolist()
+        offset = 0
+        for b, n in enumerate(counts):  # and the brute-force enumeration of root paths
+            row_logits = padded[b, : n + 1]
+            best_len, _, _ = greedy_reference(
+                row_logits, tokens[b, :n].tolist(), list(range(-1, n - 1)), float(tau[b]), int(allowance[b]), False
+            )
+            assert int(got.num_accepted[b]) == best_len
+
+
+def test_ragged_greedy_chains_handle_an_empty_batch_of_drafts():
+    got = margin.verify_greedy_chains(
+        torch.zeros(0, dtype=torch.long), torch.zeros(0, 5), torch.tensor([0, 0]), torch.tensor([[3], [4]]), 2,
+        torch.tensor([0.5, 1.0]), torch.tensor([2, 2]), placeholder=-1,
+    )  # fmt: skip
+    assert got.output_tokens.tolist() == [[3, -1, -1], [4, -1, -1]]
+    assert got.num_accepted.tolist() == [0, 0]

@@ -20,7 +20,9 @@ from vllm_adaptivespec.engine.patching import wrap
 PROMOTED = "vllm:adaptivespec_promoted_tokens"
 DEPTH = "vllm:adaptivespec_draft_depth"
 DRAFT_COST = "vllm:adaptivespec_draft_cost"
+OVERHEAD = "vllm:adaptivespec_overhead_seconds"
 _EXTRA_FIELDS = {
+    "adaptivespec_overhead_seconds": (float, 0.0),
     "adaptivespec_promoted": (int, 0),
     "adaptivespec_depth_counts": (list[int], None),
     "adaptivespec_draft_cost": (float, -1.0),  # -1: not known in this step
@@ -43,6 +45,7 @@ def extend_spec_decoding_stats() -> None:
 def add_step_stats(spec_decoding_stats, step) -> None:
     """Scheduler side: fold one step's worker stats into the step's SpecDecodingStats."""
     spec_decoding_stats.adaptivespec_promoted = spec_decoding_stats.adaptivespec_promoted + step.promoted
+    spec_decoding_stats.adaptivespec_overhead_seconds += step.overhead_seconds
     counts = list(spec_decoding_stats.adaptivespec_depth_counts or [])
     for depth, n in enumerate(step.depth_counts):
         if depth >= len(counts):
@@ -69,6 +72,15 @@ def install_frontend_metrics() -> None:
                 name=PROMOTED,
                 documentation="Draft tokens accepted by AdaptiveSpec's margin rule that strict "
                 "verification would have rejected.",
+                labelnames=labelnames,
+            ),
+            per_engine_labelvalues,
+        )
+        self.adaptivespec_overhead = create_metric_per_engine(
+            prometheus_client.Counter(
+                name=OVERHEAD,
+                documentation="Seconds AdaptiveSpec spent on its own per-step work (policy, draft and tree "
+                "bookkeeping, margin verification beyond vLLM's rejection sampler).",
                 labelnames=labelnames,
             ),
             per_engine_labelvalues,
@@ -100,6 +112,7 @@ def install_frontend_metrics() -> None:
         if getattr(self, "adaptivespec_promoted", None) is None:
             return
         self.adaptivespec_promoted[engine_idx].inc(spec_decoding_stats.adaptivespec_promoted)
+        self.adaptivespec_overhead[engine_idx].inc(spec_decoding_stats.adaptivespec_overhead_seconds)
         histogram = self.adaptivespec_depth[engine_idx]
         for depth, n in enumerate(spec_decoding_stats.adaptivespec_depth_counts or []):
             for _ in range(n):

@@ -1,12 +1,17 @@
-"""Drafter subclasses: grow each request's draft tree level by level, shaped by its policy.
+"""Drafter subclasses: draft each request's chain or tree, shaped by its policy.
 
 vLLM's EAGLE / draft-model proposers draft one fixed-length chain for the whole batch. Ours run the
-same first pass (the drafter catches up on the tokens the target just accepted), read each request's
-top-1 confidence from it, ask the request's policy for this step's shape (depth, width, nodes), and
-then expand the frontier one level per drafter pass: every frontier node gets its top-``width``
-children, all frontier nodes of the batch in one forward under an ancestor mask (``tree_attention``).
-The engine-free ``TreeBuilder`` picks the frontier and the kept nodes. A chain is the width-1 tree:
-same passes, same code.
+same first pass (the drafter catches up on the tokens the target just accepted, rejected rows
+dropped), read each request's top-1 confidence from it and ask the request's policy for this step's
+shape (depth, width, nodes).
+
+* Chain mode: vLLM's own loop drafts the remaining levels (draft KV in the paged cache, the stock
+  attention kernel, the buffers it was sized for), for as many passes as the deepest chain of the
+  batch; every request's chain is cut to its own depth. Apart from the policy call this is the
+  stock proposer's work, pass for pass.
+* Tree mode: the frontier is expanded one level per drafter pass: every frontier node gets its
+  top-``width`` children, all frontier nodes of the batch in one forward under an ancestor mask
+  (``tree_attention``). The engine-free ``TreeBuilder`` picks the frontier and the kept nodes.
 
 Tree passes write nothing to the drafter's paged cache (their keys/values live beside it for the
 duration of the call): the next first pass recomputes the accepted tokens' drafter KV anyway.
@@ -35,19 +40,21 @@ class AdaptiveProposerMixin:
     """Mixed into a vLLM proposer; `adaptive_state` is attached by the runner hook."""
 
     adaptive_state: AdaptiveState
+    _chain_depths: list[int] | None = None  # set by the first draft sample of a chain propose
+    _choosing_depths = False  # True between the start of a chain propose and its first draft sample
 
     def propose(
         self,
         num_speculative_tokens,
-        target_token_ids,
-        target_positions,
-        target_hidden_states,
-        next_token_ids,
-        token_indices_to_sample,
+        target_token_ids,  # [num_tokens]
+        target_positions,  # [num_tokens]
+        target_hidden_states,  # [num_tokens, hidden]
+        next_token_ids,  # [batch_size]
+        token_indices_to_sample,  # [batch_size] or None
         common_attn_metadata,
         sampling_metadata,
         mm_embed_inputs=None,
-        num_rejected_tokens_gpu=None,
+        num_rejected_tokens_gpu=None,  # [batch_size] or None
         slot_mappings=None,
     ):
         if num_speculative_tokens == 0:  # vLLM still runs the first pass to keep the drafter's KV in sync
@@ -57,37 +64,90 @@ class AdaptiveProposerMixin:
                 mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings,
             )  # fmt: skip
         started = time.perf_counter()
-        self.num_speculative_tokens = num_speculative_tokens
-        self._last_draft_probs = None
-        if self.method == "eagle3":
-            target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
         if num_rejected_tokens_gpu is not None:
             common_attn_metadata, target_token_ids, target_positions, target_hidden_states = accepted_rows_only(
                 common_attn_metadata, num_rejected_tokens_gpu, target_token_ids, target_positions, target_hidden_states
             )
-            token_indices_to_sample = num_rejected_tokens_gpu = None
-        last, hidden, sample_rows, attn = self._first_pass(
-            target_token_ids, target_positions, target_hidden_states, next_token_ids,
-            token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs,
-        )  # fmt: skip
-        root_position = self.positions[sample_rows]
-        trees = self._grow(last[sample_rows], hidden[sample_rows], root_position, attn, num_speculative_tokens)
-        drafts = self.adaptive_state.record_drafts(trees)  # reads the tokens: the device has finished
-        passes = max(1, trees.max_depth)  # the first pass drafts level 1, one more pass per further level
+        if self.adaptive_state.config.mode == "chain":
+            drafts, passes = self._propose_chains(
+                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, common_attn_metadata, sampling_metadata, mm_embed_inputs,
+            )  # fmt: skip
+        else:
+            drafts, passes = self._propose_trees(
+                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, common_attn_metadata, mm_embed_inputs,
+            )  # fmt: skip
         self.adaptive_state.draft_cost.observe_draft(time.perf_counter() - started, passes)
         return drafts
 
+    def _propose_chains(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                        next_token_ids, common_attn_metadata, sampling_metadata, mm_embed_inputs):  # fmt: skip
+        """Chains: vLLM's own drafting loop (draft KV in the paged cache, the stock attention kernel),
+        run for as many passes as the deepest chain the policies chose (``_sample_draft_tokens``
+        picks the depths at the first pass); each request's chain is then cut to its own depth.
+        Returns (drafts per request, drafter passes run)."""
+        self._choosing_depths, self._chain_depths = True, None
+        try:
+            draft = super().propose(
+                num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, None, common_attn_metadata, sampling_metadata, mm_embed_inputs, None, None,
+            )  # fmt: skip  # [batch_size, max depth]
+        finally:
+            self._choosing_depths = False
+        started = time.perf_counter()
+        depths = self._chain_depths
+        drafts = [row[:depth] for row, depth in zip(draft.tolist(), depths)]
+        self.adaptive_state.charge(started)
+        return drafts, max(1, max(depths, default=1))
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata):
+        """Tokens of one drafter pass of vLLM's loop ([batch_size] from [batch_size, hidden]): the argmax
+        (drafts are one-hot proposals, see the module docstring). At the first pass of a chain
+        propose each request's policy also reads its top-1 confidence and picks its depth, and the
+        loop is told to run only as many more passes as the deepest chain needs."""
+        if not self._choosing_depths:
+            return self._greedy_sample(hidden_states), None
+        self._choosing_depths = False
+        logits = self.model.compute_logits(hidden_states)  # [batch_size, vocab]
+        started = time.perf_counter()
+        tokens, _, confidence = top_candidates(logits, 1)
+        shapes = self.adaptive_state.choose_shapes(confidence.cpu(), self.num_speculative_tokens)
+        self._chain_depths = [shape.depth for shape in shapes]
+        self.num_speculative_tokens = max(self._chain_depths)  # vLLM's loop reads it after this call
+        self.adaptive_state.charge(started)
+        return tokens[:, 0], None
+
+    def _propose_trees(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                       next_token_ids, common_attn_metadata, mm_embed_inputs):  # fmt: skip
+        """Trees: the first pass as vLLM runs it, then one drafter pass per further level under the
+        ancestor mask (``_grow``). Returns (drafts per request, drafter passes run)."""
+        self.num_speculative_tokens = num_speculative_tokens
+        self._last_draft_probs = None
+        if self.method == "eagle3":
+            target_hidden_states = self.model.combine_hidden_states(target_hidden_states)
+        last, hidden, sample_rows, attn = self._first_pass(
+            target_token_ids, target_positions, target_hidden_states, next_token_ids, common_attn_metadata,
+            mm_embed_inputs,
+        )  # fmt: skip
+        root_position = self.positions[sample_rows]
+        trees = self._grow(last[sample_rows], hidden[sample_rows], root_position, attn, num_speculative_tokens)
+        started = time.perf_counter()
+        drafts = self.adaptive_state.record_drafts(trees)  # reads the tokens: the device has finished
+        self.adaptive_state.charge(started)
+        return drafts, max(1, trees.max_depth)  # the first pass drafts level 1, one more pass per further level
+
     def _first_pass(self, target_token_ids, target_positions, target_hidden_states, next_token_ids,
-                    token_indices_to_sample, common_attn_metadata, num_rejected_tokens_gpu, mm_embed_inputs):  # fmt: skip
+                    common_attn_metadata, mm_embed_inputs):  # fmt: skip
         """vLLM's own first drafter pass (SpecDecodeBaseProposer.propose up to its first sample)."""
         num_tokens, sample_rows, attn = self.set_inputs_first_pass(
             target_token_ids=target_token_ids,
             next_token_ids=next_token_ids,
             target_positions=target_positions,
             target_hidden_states=target_hidden_states,
-            token_indices_to_sample=token_indices_to_sample,
+            token_indices_to_sample=None,  # the last row of each request (rejected rows are gone)
             cad=common_attn_metadata,
-            num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+            num_rejected_tokens_gpu=None,
         )
         _, per_layer = self.build_per_group_and_layer_attn_metadata(attn)
         mode, num_input_tokens, across_dp = self._determine_batch_execution_and_padding(num_tokens)
@@ -111,20 +171,20 @@ class AdaptiveProposerMixin:
 
     def _candidates(self, hidden_states: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-``width`` draft tokens and their draft log-probs per row ([n, width] each)."""
-        logprobs = self.model.compute_logits(hidden_states).float().log_softmax(dim=-1)
-        top = logprobs.topk(width, dim=-1)
-        return top.indices, top.values
+        tokens, logprobs, _ = top_candidates(self.model.compute_logits(hidden_states), width)
+        return tokens, logprobs
 
     def _grow(self, root_last, root_hidden, root_position, attn, node_ceiling: int) -> DraftTrees:
         """Build every request's tree: level 1 from the first pass, then one drafter pass per level."""
         batch, device = root_last.shape[0], root_last.device
-        logits = self.model.compute_logits(root_last).float()
-        confidence = logits.softmax(dim=-1).amax(dim=-1).cpu()
-        shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling)
+        logits = self.model.compute_logits(root_last)
+        started = time.perf_counter()
+        shapes = self.adaptive_state.choose_shapes(confidence_of(logits).cpu(), node_ceiling)
         builder = TreeBuilder(shapes, device=device)
+        self.adaptive_state.charge(started)
         width = builder.max_width
-        top = logits.log_softmax(dim=-1).topk(width, dim=-1)
-        builder.add_level(top.indices[:, None, :], top.values[:, None, :])
+        tokens, logprobs, _ = top_candidates(logits, width)
+        builder.add_level(tokens[:, None, :], logprobs[:, None, :])
         if builder.done:
             return builder.finish()
 
@@ -175,6 +235,23 @@ class AdaptiveProposerMixin:
             grid_logprobs[request, column] = cand_logprobs
             builder.add_level(grid_tokens, grid_logprobs)
         return builder.finish()
+
+
+def top_candidates(logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``width`` most likely tokens of each row of ``logits`` [n, vocab]: (tokens [n, width],
+    their log-probs [n, width], top-1 probability [n]) from one top-k and one logsumexp in float32,
+    with no vocabulary-sized softmax materialised."""
+    logits = logits.float()
+    log_norm = logits.logsumexp(dim=-1, keepdim=True)  # [n, 1]
+    top = logits.topk(width, dim=-1)
+    logprobs = top.values - log_norm
+    return top.indices, logprobs, logprobs[:, 0].exp()
+
+
+def confidence_of(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 probability of each row of ``logits`` [n, vocab] -> [n] (float32)."""
+    logits = logits.float()
+    return (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
 
 
 def accepted_rows_only(attn, num_rejected, token_ids, positions, hidden_states):

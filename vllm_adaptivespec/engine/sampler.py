@@ -4,15 +4,23 @@ Replaces `vllm.v1.sample.rejection_sampler.rejection_sample` (same signature). v
 `RejectionSampler.forward` still computes bonus tokens and applies logits processors, penalties,
 temperature and top-k/top-p; we only swap the accept/reject decision for `margin.py`'s, and only
 while an AdaptiveSpec runner is verifying (stock behaviour otherwise).
+
+Three paths, cheapest first:
+* chains that cannot promote (every request at tau 1 or out of allowance): vLLM's own
+  `rejection_sample`, untouched; the accepted counts are read off its output;
+* greedy chains that may promote: `margin.verify_greedy_chains` on vLLM's ragged layout;
+* trees, and sampled chains that may promote: the padded `[B, N+1, V]` verifiers of `margin.py`.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from vllm.v1.sample import rejection_sampler as vllm_rejection
 
 from vllm_adaptivespec.engine.state import Verification
-from vllm_adaptivespec.margin import verify_greedy, verify_sampled
+from vllm_adaptivespec.margin import verify_greedy, verify_greedy_chains, verify_sampled
 from vllm_adaptivespec.tree import DraftTrees
 
 _GREEDY_TEMPERATURE = getattr(vllm_rejection.GREEDY_TEMPERATURE, "value", vllm_rejection.GREEDY_TEMPERATURE)
@@ -28,6 +36,61 @@ def set_active(verification: Verification | None) -> None:
 
 
 def margin_rejection_sample(
+    # [num_tokens]: every request's drafts, concatenated
+    draft_token_ids: torch.Tensor,
+    # [batch_size]: drafts per request
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    # [batch_size]: cumulative sum of num_draft_tokens
+    cu_num_draft_tokens: torch.Tensor,
+    # [num_tokens, vocab_size] or None (one-hot drafts)
+    draft_probs: torch.Tensor | None,
+    # [num_tokens, vocab_size] float32, processed (temperature, top-k/p) for sampled requests
+    target_logits: torch.Tensor,
+    # [batch_size, 1]
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata,
+    *args,
+    **kwargs,
+) -> torch.Tensor:
+    """[batch_size, max_spec_len + 1] int32 output tokens, placeholder-padded (vLLM's layout)."""
+    verification = _active
+    if verification is None:
+        return _stock_rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+        )  # fmt: skip
+    started = time.perf_counter()
+    if verification.trees is None and not verification.may_promote():
+        output = _stock_rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+        )  # fmt: skip
+        stock_done = time.perf_counter()
+        num_accepted = ((output != _PLACEHOLDER).sum(1) - 1).clamp(min=0)  # accepted drafts + one next token
+        verification.num_accepted = num_accepted.tolist()
+        verification.num_promoted = [0] * len(num_draft_tokens)
+        verification.overhead_seconds += time.perf_counter() - stock_done
+        return output
+    if verification.trees is None and sampling_metadata.all_greedy:
+        result = verify_greedy_chains(
+            draft_token_ids, target_logits, torch.tensor(num_draft_tokens), bonus_token_ids, max_spec_len,
+            verification.tau, verification.allowance, placeholder=_PLACEHOLDER,
+        )  # fmt: skip
+        verification.num_accepted = result.num_accepted.tolist()
+        verification.num_promoted = result.num_promoted.tolist()
+        verification.overhead_seconds += time.perf_counter() - started
+        return result.output_tokens
+    output = _padded_rejection_sample(
+        verification, draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+        target_logits, bonus_token_ids, sampling_metadata,
+    )  # fmt: skip
+    verification.overhead_seconds += time.perf_counter() - started
+    return output
+
+
+def _padded_rejection_sample(
+    verification: Verification,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
     max_spec_len: int,
@@ -36,15 +99,9 @@ def margin_rejection_sample(
     target_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     sampling_metadata,
-    *args,
-    **kwargs,
 ) -> torch.Tensor:
-    verification = _active
-    if verification is None:
-        return _stock_rejection_sample(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
-        )  # fmt: skip
+    """Trees and sampled margin chains: the target rows padded to ``[B, max_spec_len + 1, V]`` for
+    `margin.verify_greedy` / `verify_sampled`; also records each request's accepted path."""
     device = target_logits.device
     batch, vocab = len(num_draft_tokens), target_logits.shape[-1]
     counts = torch.tensor(num_draft_tokens, dtype=torch.long, device=device)

@@ -10,6 +10,7 @@ the request's policy and keeps counts for the metrics.
 from __future__ import annotations
 
 import random
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -30,6 +31,7 @@ class StepStats:
     promoted: int = 0
     depth_counts: list[int] = field(default_factory=list)  # index = chosen depth
     draft_cost: float | None = None  # the drafter cost the policy priced depth with this step
+    overhead_seconds: float = 0.0  # the plugin's own work this step (policy, bookkeeping, margin verification)
 
     def add_depths(self, depths: Iterable[int]) -> None:
         for depth in depths:
@@ -57,6 +59,11 @@ class Verification:
     num_accepted: list[int] | None = None
     num_promoted: list[int] | None = None
     accepted_nodes: torch.Tensor | None = None  # [B, D] node indices of each accepted path, -1 padded
+    overhead_seconds: float = 0.0  # time the margin sampler spent beyond vLLM's own rejection sampler
+
+    def may_promote(self) -> bool:
+        """Whether any request could accept a draft by the margin rule this step (else: strict)."""
+        return bool(((self.tau < 1.0) & (self.allowance > 0)).any())
 
     def depths(self) -> list[int]:
         """Each row's draft depth (its longest acceptable path), what its policy observes."""
@@ -136,6 +143,7 @@ class AdaptiveState:
     @contextmanager
     def verifying(self, num_draft_tokens: list[int], trees: DraftTrees | None = None) -> Iterator[Verification]:
         """Expose the batch's verification inputs to the sampler, then feed back the outcome."""
+        started = time.perf_counter()
         req_ids = self.request_ids()
         taus, allowances = [], []
         for rid in req_ids:
@@ -150,8 +158,10 @@ class AdaptiveState:
             num_draft_tokens=list(num_draft_tokens),
             trees=trees,
         )
+        self.charge(started)
         try:
             yield self.verification
+            started = time.perf_counter()
             done = self.verification
             if done.num_accepted is not None:
                 for rid, drafted, depth, accepted, promoted in zip(
@@ -160,8 +170,14 @@ class AdaptiveState:
                     if drafted:
                         self.policies[rid].observe(depth, accepted, promoted)
                 self.step.promoted += sum(done.num_promoted)
+            self.step.overhead_seconds += done.overhead_seconds
+            self.charge(started)
         finally:
             self.verification = None
+
+    def charge(self, started: float) -> None:
+        """Count the time since ``started`` (``time.perf_counter()``) as the plugin's own work."""
+        self.step.overhead_seconds += time.perf_counter() - started
 
     def take_step_stats(self) -> StepStats:
         stats, self.step = self.step, StepStats()

@@ -67,9 +67,11 @@ def install() -> None:
         result = original(self, scheduler_output, *args, **kwargs)
         if state is not None:
             state.tree_step = None
-            if scheduler_output.scheduled_spec_decode_tokens:
+            if state.config.mode == "tree" and scheduler_output.scheduled_spec_decode_tokens:
+                started = time.perf_counter()
                 state.tree_step = TreeStep(self, state, scheduler_output)
                 state.tree_step.begin(self)
+                state.charge(started)
         return result
 
     @wrap(runner_cls, "_sample", "verify drafts with the margin rule, feed back to the policies")
@@ -86,7 +88,9 @@ def install() -> None:
             finally:
                 sampler.set_active(None)
             if step is not None:
+                started = time.perf_counter()
                 step.finish(self, verification.accepted_nodes, state.step_outputs)
+                state.charge(started)
             return output
 
     @wrap(runner_cls, "_update_states", "free the policies of finished and aborted requests")
