@@ -39,7 +39,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="quick: ar, static-k4, policy-only, margin-k4@0.5, adaptive@0.5 on 4 fixed short "
                              "HumanEval problems and 4 general prompts, batch 1, greedy, short answers, a "
                              "14-minute budget; tree: trees (static, policy-only, adaptive@0.5) against chains, "
-                             "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; full: every "
+                             "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; lean: the "
+                             "plugin's own cost, pinned-k2/pinned-k4 (AdaptiveSpec lossless at a fixed depth) each "
+                             "right after static-k2/static-k4, plus static-tree, on 32 problems and 16 prompts "
+                             "(1,500+ tokens a cell), batch 1 and 8, greedy, 2 interleaved repeats; full: every "
                              "configuration, 5 taus, all 164 problems and 62 prompts, batch 1 and 8, temperature "
                              "0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
@@ -70,6 +73,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument("--output", type=Path, help="result directory (default: ./adaptivespec-bench-<mode>)")
     run.add_argument("--fresh", action="store_true", help="discard results already in --output")
+    run.add_argument("--repeats", type=int,
+                     help="rounds of the whole configuration list, interleaved (A B C A B C), each configuration "
+                          "in a fresh process; figures are medians over rounds (lean: 2, other modes: 1)")
     run.add_argument("--budget-minutes", type=float,
                      help="stop starting configurations after this long; 0 = no limit (quick: 14)")
     run.add_argument("--sandbox-timeout", type=float, default=20.0,
@@ -153,6 +159,7 @@ def build_settings(args, target: str, drafter: str | None):
         enforce_eager=args.enforce_eager if args.enforce_eager is not None else not _has_gpu(),
         dtype=args.dtype,
         budget_minutes=budget,
+        repeats=args.repeats if args.repeats is not None else preset.get("repeats", 1),
         sandbox_timeout_s=args.sandbox_timeout,
         stall_timeout_s=args.stall_timeout,
         output=args.output or Path(f"adaptivespec-bench-{args.mode}"),

@@ -1,7 +1,8 @@
 """Stand-in for `vllm_adaptivespec.bench.worker` in harness tests: no vLLM, scripted behaviour.
 
 $FAKE_WORKER_MODE: "ok" (every cell), "crash_after_1" (one cell, then exit 3), "engine_failed".
-Each call appends the cells it was given to $FAKE_WORKER_CALLS (JSON lines).
+Each call appends the cells it was given to $FAKE_WORKER_CALLS (JSON lines). tok/s is 100 for `ar`, 150
+otherwise, times 1 + $FAKE_WORKER_DRIFT (default 0) x the number of calls before this one.
 """
 
 import json
@@ -21,7 +22,9 @@ def main(job_path, events_path):
 
     job = json.loads(Path(job_path).read_text())
     mode = os.environ["FAKE_WORKER_MODE"]
-    with open(os.environ["FAKE_WORKER_CALLS"], "a") as f:
+    calls = Path(os.environ["FAKE_WORKER_CALLS"])
+    earlier = len(calls.read_text().splitlines()) if calls.exists() else 0
+    with calls.open("a") as f:
         f.write(json.dumps({"config": job["config"]["name"],
                             "cells": [[c["workload"], c["batch"], c["temperature"]] for c in job["cells"]]}) + "\n")
     if mode == "engine_failed":
@@ -29,7 +32,9 @@ def main(job_path, events_path):
         return 1
     emit(events_path, "loaded", seconds=0.1, max_model_len=job["engine"]["max_model_len"])
     problems = read_problems()
-    speed = 100.0 if job["config"]["name"] == "ar" else 150.0
+    drift = float(os.environ.get("FAKE_WORKER_DRIFT", 0)) * earlier
+    speed = (100.0 if job["config"]["name"] == "ar" else 150.0) * (1 + drift)
+    plugin = {"overhead_seconds": 0.02, "overhead_share": 0.02} if job["config"]["adaptivespec"] else {}
     for index, cell in enumerate(job["cells"]):
         if mode == "crash_after_1" and index == 1:
             print("Fatal: simulated crash", file=sys.stderr)
@@ -43,7 +48,7 @@ def main(job_path, events_path):
             "step_latency_ms": {"p50": 10.0, "p99": 20.0, "mean": 11.0, "decode_steps": 5, "prefill_steps": 1},
             "outputs": outputs,
             "spec": {"mean_acceptance_length": 1.0, "draft_tokens_per_step": 0.0},
-            "adaptivespec": {},
+            "adaptivespec": {}, "step_seconds_total": 1.0, **plugin,
         })
     return 0
 

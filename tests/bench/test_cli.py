@@ -24,7 +24,8 @@ def test_missing_target_directory_is_refused(tmp_path):
 def test_list_prints_every_row(capsys):
     assert standalone(["--list"]) == 0
     text = capsys.readouterr().out
-    for name in ("ar", "static-k8", "ngram", "dynamic", "policy-only", "margin-k4@<tau>", "adaptive@<tau>"):
+    for name in ("ar", "static-k8", "ngram", "dynamic", "policy-only", "pinned-k2", "pinned-k4", "margin-k4@<tau>",
+                 "adaptive@<tau>"):
         assert name in text
 
 
@@ -45,3 +46,24 @@ def test_presets_and_overrides(tmp_path):
     assert full.humaneval_problems is None and full.general_limit is None
     assert full.taus == [0.9, 0.3] and full.temperatures == [0.0, 0.7] and full.budget_minutes is None
     assert full.configs == ["all"] and full.max_tokens["humaneval"] > quick.max_tokens["humaneval"]
+
+
+def test_lean_preset_and_repeats(tmp_path):
+    import argparse
+
+    from vllm_adaptivespec.bench.settings import LEAN_HUMANEVAL, TREE_HUMANEVAL
+    from vllm_adaptivespec.cli_bench import add_parser, build_settings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    lean = build_settings(parser.parse_args(["bench", "--mode", "lean"]), "/t", "/d")
+    assert lean.configs == ["static-k2", "pinned-k2", "static-k4", "pinned-k4", "static-tree"] and lean.taus == []
+    assert lean.repeats == 2 and lean.batches == [1, 8] and lean.temperatures == [0.0] and lean.budget_minutes is None
+    assert set(TREE_HUMANEVAL) < set(LEAN_HUMANEVAL) and lean.humaneval_problems == LEAN_HUMANEVAL
+    assert len(LEAN_HUMANEVAL) == len(set(LEAN_HUMANEVAL)) >= 20 and max(LEAN_HUMANEVAL) < 164
+    assert lean.workloads == ["humaneval", "general"]
+    assert lean.general_limit * lean.max_tokens["general"] >= 1500  # general prompts run to their limit
+    assert build_settings(parser.parse_args(["bench", "--mode", "lean", "--repeats", "3"]), "/t", "/d").repeats == 3
+    assert build_settings(parser.parse_args(["bench", "--mode", "tree"]), "/t", "/d").repeats == 1
+    with pytest.raises(ValueError):  # pydantic's ValidationError
+        build_settings(parser.parse_args(["bench", "--repeats", "0"]), "/t", "/d")

@@ -31,8 +31,8 @@ def test_adaptivespec_rows_follow_the_plugin_contract():
     configs, rejected = select(["adaptivespec"], [0.7, 0.3], DRAFT_PATH)
     assert not rejected
     by_name = {c.name: c for c in configs}
-    assert set(by_name) == {"policy-only", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7", "adaptive@0.3",
-                            "tree-policy-only", "adaptive-tree@0.7", "adaptive-tree@0.3"}
+    assert set(by_name) == {"policy-only", "pinned-k2", "pinned-k4", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7",
+                            "adaptive@0.3", "tree-policy-only", "adaptive-tree@0.7", "adaptive-tree@0.3"}
     policy = by_name["policy-only"].engine_args()
     assert policy["additional_config"] == {"adaptivespec": {"tau": 1.0, "max_depth": 8}}
     assert policy["speculative_config"]["method"] == "draft_model"
@@ -46,6 +46,21 @@ def test_adaptivespec_rows_follow_the_plugin_contract():
         ceiling = config.speculative_config["num_speculative_tokens"]
         assert settings.max_depth <= ceiling and (settings.mode == "chain" or settings.max_nodes <= ceiling)
     assert by_name["policy-only"].tau == 1.0 and AdaptiveSpecConfig.parse(by_name["policy-only"].adaptivespec).lossless
+
+
+def test_pinned_rows_are_lossless_adaptivespec_in_their_stock_twins_shape():
+    configs, rejected = select(["pinned-k2", "pinned-k4", "static-k2", "static-k4"], [], DRAFT_PATH)
+    assert not rejected
+    by_name = {c.name: c for c in configs}
+    for k in (2, 4):
+        pinned, stock = by_name[f"pinned-k{k}"], by_name[f"static-k{k}"]
+        assert pinned.kind == "adaptivespec" and pinned.depth == k and pinned.tau == 1.0
+        assert pinned.speculative_config == stock.speculative_config  # the same drafter and k: only the plugin differs
+        assert pinned.adaptivespec == {"tau": 1.0, "min_depth": k, "max_depth": k}
+        settings = AdaptiveSpecConfig.parse(pinned.adaptivespec)
+        assert settings.lossless and settings.measure_draft_cost and settings.min_depth == settings.max_depth == k
+        row = next(r for r in TABLE if r.name == f"pinned-k{k}")
+        assert row.stock_twin == f"static-k{k}" and row.lossless_twin is None and not row.per_tau
 
 
 def test_static_tree_is_one_fixed_lossless_shape():

@@ -1,11 +1,13 @@
-"""vLLM metric snapshots -> per-cell deltas -> acceptance length, draft tokens per step, depths."""
+"""vLLM metric snapshots -> per-cell deltas -> acceptance length, draft tokens per step, depths, overhead."""
 
 from __future__ import annotations
 
+import pytest
 from vllm.v1.metrics.reader import Counter, Gauge, Histogram, Vector
 
 from vllm_adaptivespec.bench.engine_metrics import (
-    adaptivespec_figures, delta, histogram_distribution, percentile, snapshot, spec_figures,
+    OVERHEAD, adaptivespec_figures, delta, exact_counters, histogram_distribution, overhead_figures, percentile,
+    snapshot, spec_figures,
 )
 
 LABELS = {"model_name": "m", "engine": "0"}
@@ -52,3 +54,26 @@ def test_percentile():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile(list(range(101)), 99) == 99.0
+
+
+def test_exact_counters_keep_the_overhead_seconds_vllms_reader_rounds_down():
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import Counter as PromCounter
+
+    registry = CollectorRegistry()
+    overhead = PromCounter("vllm:adaptivespec_overhead_seconds_total", "plugin seconds", ["engine"], registry=registry)
+    promoted = PromCounter("vllm:adaptivespec_promoted_tokens", "promoted", ["engine"], registry=registry)
+    PromCounter("vllm:spec_decode_num_drafts", "not ours", registry=registry).inc(3)
+    assert set(exact_counters(registry)) == {OVERHEAD, "vllm:adaptivespec_promoted_tokens"}
+    overhead.labels("0").inc(0.25)
+    promoted.labels("0").inc(4)
+    before = snapshot([Counter(OVERHEAD, LABELS, 0)], exact_counters(registry))
+    overhead.labels("0").inc(0.5)
+    promoted.labels("0").inc(2)
+    after = snapshot([Counter(OVERHEAD, LABELS, 0)], exact_counters(registry))  # vLLM's reader gave int(0.75) = 0
+    counts = delta(before, after)
+    assert counts[OVERHEAD]["value"] == pytest.approx(0.5)
+    assert counts["vllm:adaptivespec_promoted_tokens"] == {"type": "counter", "value": 2}  # whole numbers stay ints
+    assert adaptivespec_figures(counts)["overhead_seconds"]["value"] == pytest.approx(0.5)
+    assert overhead_figures(counts, 10.0) == {"overhead_seconds": 0.5, "overhead_share": pytest.approx(0.05)}
+    assert overhead_figures(delta({}, snapshot([])), 10.0) == {"overhead_seconds": None, "overhead_share": None}

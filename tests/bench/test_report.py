@@ -1,4 +1,4 @@
-"""Ratios within a run, the Markdown table and the PNG plots, from synthetic cells."""
+"""Ratios within a run, medians over repeats, the paired table, the Markdown and the PNG plots, from synthetic cells."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from vllm_adaptivespec.bench.plots import draw_all
 from vllm_adaptivespec.bench.report import derive, markdown
+from vllm_adaptivespec.bench.results import ResultStore
 
 CONFIGS = [  # name, row, kind, tau, tok/s, pass@1
     ("ar", "ar", "ar", None, 10.0, 0.5),
@@ -93,3 +94,80 @@ def test_plots_skip_what_has_no_data(tmp_path):
     derive(data)
     made = draw_all(data, tmp_path / "plots")
     assert [p.name for p in made] == ["speed_by_config.png", "speed_vs_tau.png"]
+
+
+def _measured(store, name, row, kind, speeds, p50s, workload="humaneval"):
+    """One cell measured once per (tok/s, step p50) pair, through the result store as the runner writes it."""
+    for repeat, (speed, p50) in enumerate(zip(speeds, p50s)):
+        cell = _cell(name, row, kind, None, speed, 0.5, workload=workload)
+        del cell["accuracy"]  # scored on the whole cell, not per repeat
+        cell["step_latency_ms"] = {"p50": p50, "p99": 2 * p50}
+        store.put_cell(cell, repeat=repeat)
+
+
+@pytest.fixture
+def rounds(tmp_path):
+    store = ResultStore(tmp_path, {"configs": {n: {} for n in ("ar", "static-k2", "pinned-k2", "static-k4")},
+                                   "settings": {"mode": "lean", "repeats": 3}, "cells": []})
+    _measured(store, "ar", "ar", "ar", [5.0, 6.0, 4.0], [20.0, 20.0, 20.0])
+    _measured(store, "static-k2", "static-k2", "static", [10.0, 12.0, 11.0], [30.0, 33.0, 31.0])
+    _measured(store, "pinned-k2", "pinned-k2", "adaptivespec", [10.0, 11.5, 10.5], [31.0, 34.0, 31.0])
+    _measured(store, "static-k4", "static-k4", "static", [9.0, 9.0], [40.0, 40.0])  # no pinned-k4: no pair
+    return store.data
+
+
+def test_cells_report_the_median_and_spread_of_their_repeats(rounds):
+    derive(rounds)
+    cell = next(c for c in rounds["cells"] if c["config"] == "static-k2")
+    assert [r["tokens_per_s"] for r in cell["repeats"]] == [10.0, 12.0, 11.0]
+    assert cell["tokens_per_s"] == 11.0 and cell["step_latency_ms"] == {"p50": 31.0, "p99": 62.0}
+    assert cell["spread"]["tokens_per_s"] == {"min": 10.0, "max": 12.0, "rel": pytest.approx(0.2)}
+    assert cell["spread"]["step_p50_ms"]["rel"] == pytest.approx(0.1)
+    assert cell["derived"]["speedup_vs_ar"] == pytest.approx(11 / 5)  # ratios of medians
+    assert cell["adaptivespec"] == {} and cell["n_repeats"] == 3
+    pinned = next(c for c in rounds["cells"] if c["config"] == "pinned-k2")
+    assert pinned["adaptivespec"]["promoted_tokens"] == {"type": "counter", "value": 7}
+    text = markdown(rounds)
+    assert "| `static-k2` | 11.0 | 20.0% | 2.20x | 1.00x | 1.00x | 2.50 | 4.00 | 31.0 | 10.0% | 62.0 |" in text
+    assert "| `static-k4` | 9.0 | 0.0% |" in text and "repeats 3" in text
+
+
+def test_paired_table_has_ratios_of_medians_and_of_each_round(rounds):
+    derive(rounds)
+    (pair,) = rounds["paired"]
+    assert (pair["config"], pair["twin"], pair["workload"], pair["batch"]) == ("pinned-k2", "static-k2", "humaneval", 1)
+    assert pair["step_p50_ratio"] == pytest.approx(31 / 31) and pair["tokens_per_s_ratio"] == pytest.approx(10.5 / 11)
+    assert [r["repeat"] for r in pair["rounds"]] == [0, 1, 2]
+    assert [r["step_p50_ratio"] for r in pair["rounds"]] == pytest.approx([31 / 30, 34 / 33, 1.0])
+    assert [r["tokens_per_s_ratio"] for r in pair["rounds"]] == pytest.approx([1.0, 11.5 / 12, 10.5 / 11])
+    assert pair["round_median"]["step_p50_ratio"] == pytest.approx(34 / 33)
+    assert pair["round_median"]["tokens_per_s_ratio"] == pytest.approx(11.5 / 12)
+    assert pair["overhead_share"] is None  # these cells recorded none
+    text = markdown(rounds)
+    assert "## Pinned AdaptiveSpec vs stock speculation of the same shape" in text
+    assert ("| humaneval | 1 | 0 | `pinned-k2` / `static-k2` | 1.000 | 1.033, 1.030, 1.000 (median 1.030) | 0.955 | "
+            "1.000, 0.958, 0.955 (median 0.958) | – |") in text
+
+
+def test_a_round_that_failed_leaves_the_others_and_is_listed(rounds, tmp_path):
+    store = ResultStore(tmp_path, rounds)
+    failed = {k: v for k, v in _cell("pinned-k2", "pinned-k2", "adaptivespec", None, 0.0, 0.5).items()
+              if k in ("config", "row", "kind", "tau", "depth", "workload", "batch", "temperature")}
+    store.put_cell({**failed, "status": "failed", "error": "worker exited with status 3"}, repeat=1)
+    derive(rounds)
+    pinned = next(c for c in rounds["cells"] if c["config"] == "pinned-k2")
+    assert pinned["status"] == "ok" and pinned["n_repeats"] == 2 and pinned["tokens_per_s"] == pytest.approx(10.25)
+    assert not store.done("pinned-k2", "humaneval", 1, 0.0, 1) and store.done("pinned-k2", "humaneval", 1, 0.0, 2)
+    (pair,) = rounds["paired"]
+    assert [r["repeat"] for r in pair["rounds"]] == [0, 2]
+    assert "round 2: failed: worker exited with status 3" in markdown(rounds)
+
+
+def test_overhead_share_is_shown_for_plugin_rows(data):
+    for cell in data["cells"]:
+        if cell.get("kind") == "adaptivespec":
+            cell.update(overhead_seconds=0.5, overhead_share=0.0312, step_seconds_total=16.0)
+    derive(data)
+    text = markdown(data)
+    assert text.count("| overhead |") == 2 and "| tok/s spread |" not in text  # one repeat: no spread columns
+    assert "| 7 | 3.1% |" in text and "| `ar` | 10.0 |" in text and "| – | – |" in text

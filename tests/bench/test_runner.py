@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_adaptivespec.bench.results import ResumeError
+from vllm_adaptivespec.bench.results import IDENTITY, ResultStore, ResumeError
 from vllm_adaptivespec.bench.runner import Run
-from vllm_adaptivespec.bench.settings import BenchSettings
+from vllm_adaptivespec.bench.settings import PRESETS, BenchSettings
 
 FAKE = Path(__file__).with_name("fake_worker.py")
 
@@ -108,3 +108,89 @@ def test_time_budget_skips_configurations_it_cannot_start(tmp_path, fake):
     assert code == 2  # nothing measured
     assert not (tmp_path / "calls.jsonl").exists() or not calls()
     assert all(c["status"] == "skipped" and "time budget" in c["error"] for c in _results(out)["cells"])
+
+
+def test_repeats_run_round_by_round_and_resume_skips_measured_repeats(tmp_path, fake, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("FAKE_WORKER_DRIFT", "0.1")  # each call 10% faster than the first: figures differ by round
+    calls = fake("crash_after_1")
+    settings = _settings(out, configs=["pinned-k2", "ar", "static-k2"], repeats=2)
+    assert FakeRun(settings, "test", show_progress=False).execute() == 1
+    order = ["ar", "static-k2", "pinned-k2"]  # references first, a pinned row right after its stock twin
+    assert [c["config"] for c in calls()] == order * 2  # A B C A B C, a fresh worker each
+    assert all(c["cells"] == [["humaneval", 1, 0.0], ["humaneval", 2, 0.0]] for c in calls())
+    data = _results(out)
+    cells = {(c["config"], c["batch"]): c for c in data["cells"]}
+    ar = cells[("ar", 1)]
+    assert [(r["repeat"], r["status"], r["tokens_per_s"]) for r in ar["repeats"]] == [(0, "ok", 100.0), (1, "ok", 130.0)]
+    assert ar["tokens_per_s"] == pytest.approx(115.0) and ar["n_repeats"] == 2
+    assert ar["spread"]["tokens_per_s"] == {"min": 100.0, "max": 130.0, "rel": pytest.approx(0.3)}
+    assert [r["outputs_file"] for r in ar["repeats"]] == ["outputs/ar/humaneval-b1-t0.json",
+                                                          "outputs/ar/humaneval-b1-t0.r1.json"]
+    assert ar["outputs_file"] == ar["repeats"][0]["outputs_file"] and ar["accuracy"]["value"] == 1.0
+    assert (out / "logs" / "ar.log").exists() and (out / "logs" / "ar.r1.log").exists()
+    assert cells[("static-k2", 1)]["derived"]["speedup_vs_ar"] == pytest.approx(187.5 / 115)  # ratio of medians
+    failed = cells[("ar", 2)]
+    assert failed["status"] == "failed" and [r["status"] for r in failed["repeats"]] == ["failed", "failed"]
+    assert "ar.r1.log" in failed["error"]  # the last round's
+    pinned = cells[("pinned-k2", 1)]
+    assert pinned["overhead_share"] == 0.02 and "overhead_share" not in cells[("static-k2", 1)]
+    (pair,) = data["paired"]
+    assert (pair["config"], pair["twin"], pair["batch"]) == ("pinned-k2", "static-k2", 1)
+    assert [r["tokens_per_s_ratio"] for r in pair["rounds"]] == pytest.approx([180 / 165, 225 / 210])
+    assert pair["tokens_per_s_ratio"] == pytest.approx(202.5 / 187.5) and pair["step_p50_ratio"] == 1.0
+
+    calls = fake("ok")
+    before = len(calls())
+    assert FakeRun(settings, "test again", show_progress=False).execute() == 0
+    resumed = calls()[before:]
+    assert [c["config"] for c in resumed] == order * 2
+    assert all(c["cells"] == [["humaneval", 2, 0.0]] for c in resumed)  # only the (cell, repeat)s not measured
+    data = _results(out)
+    assert len(data["cells"]) == 6 and all(c["status"] == "ok" and c["n_repeats"] == 2 for c in data["cells"])
+    assert len(data["paired"]) == 2
+    text = (out / "results.md").read_text()
+    assert "| tok/s spread |" in text and "| p50 spread |" in text and "| overhead |" in text
+    assert "## Pinned AdaptiveSpec vs stock speculation of the same shape" in text
+    assert "## Repeats not measured" not in text
+
+    before = len(calls())
+    assert FakeRun(settings, "nothing left", show_progress=False).execute() == 0
+    assert len(calls()) == before
+
+
+def test_lean_preset_pairs_run_back_to_back_and_more_repeats_resume(tmp_path, fake):
+    out = tmp_path / "run"
+    calls = fake("ok")
+    lean = PRESETS["lean"]
+    settings = _settings(out, configs=lean["configs"], taus=lean["taus"], batches=[1], humaneval_problems=[2],
+                         repeats=1)
+    assert FakeRun(settings, "test", show_progress=False).execute() == 0
+    order = ["static-k4", "pinned-k4", "static-k2", "pinned-k2", "static-tree"]
+    assert [c["config"] for c in calls()] == order
+    data = _results(out)
+    assert all(c["n_repeats"] == 1 and c["spread"]["tokens_per_s"] is None for c in data["cells"])
+    assert "| tok/s spread |" not in (out / "results.md").read_text()  # one round: no spread column
+    assert FakeRun(settings.model_copy(update={"repeats": lean["repeats"]}), "test", show_progress=False).execute() == 0
+    assert [c["config"] for c in calls()] == order * 2  # only the second round ran
+    assert all(c["n_repeats"] == 2 for c in _results(out)["cells"])
+
+
+def test_cells_written_before_repeats_count_as_the_first_repeat(tmp_path):
+    legacy = {"config": "ar", "workload": "humaneval", "batch": 1, "temperature": 0.0, "row": "ar", "kind": "ar",
+              "tau": None, "depth": None, "status": "ok", "n_requests": 2, "tokens_per_s": 100.0,
+              "step_latency_ms": {"p50": 10.0}, "outputs_file": "outputs/ar/humaneval-b1-t0.json",
+              "accuracy": {"value": 1.0}, "derived": {"speedup_vs_ar": 1.0}}
+    store = ResultStore(tmp_path, {"cells": [legacy]})
+    assert store.done("ar", "humaneval", 1, 0.0) and not store.done("ar", "humaneval", 1, 0.0, 1)
+    second = {**{k: legacy[k] for k in IDENTITY}, "status": "ok", "n_requests": 2, "tokens_per_s": 120.0,
+              "step_latency_ms": {"p50": 12.0}}
+    store.put_cell(second, [{"id": "HumanEval/0", "text": "", "token_ids": []}], repeat=1)
+    (cell,) = store.data["cells"]
+    assert [(r["repeat"], r["tokens_per_s"]) for r in cell["repeats"]] == [(0, 100.0), (1, 120.0)]
+    assert [r["outputs_file"] for r in cell["repeats"]] == ["outputs/ar/humaneval-b1-t0.json",
+                                                            "outputs/ar/humaneval-b1-t0.r1.json"]
+    assert "accuracy" not in cell["repeats"][0] and "derived" not in cell["repeats"][0]
+    assert cell["tokens_per_s"] == 110.0 and cell["step_latency_ms"] == {"p50": 11.0}
+    assert cell["accuracy"] == {"value": 1.0}  # still scored from the first repeat's outputs
+    assert store.done("ar", "humaneval", 1, 0.0, 1)

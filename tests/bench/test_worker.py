@@ -58,6 +58,8 @@ def test_keeps_batch_requests_in_flight_and_collects_deltas():
     # Steps that gave some request its first token are prefill steps, left out of the latencies.
     assert latency["prefill_steps"] + latency["decode_steps"] == engine.steps
     assert latency["prefill_steps"] == 3 and latency["p50"] is not None
+    # The overhead share's denominator: every step, prefill steps included.
+    assert result["step_seconds_total"] >= latency["mean"] * latency["decode_steps"] / 1000 > 0
 
 
 def test_a_stuck_engine_fails_the_cell_and_aborts_its_requests():

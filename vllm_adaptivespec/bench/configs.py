@@ -42,6 +42,7 @@ class Row:
     depth: int | None = None  # fixed draft depth, None when it varies per step
     about: str = ""
     lossless_twin: str | None = None  # for a swept row: the row it equals at tau = 1
+    stock_twin: str | None = None  # for a pinned row: the stock row of the same shape (paired in the report)
 
 
 # vLLM's batch-size schedule for dynamic speculation: (first batch size, last batch size, k).
@@ -60,6 +61,12 @@ TABLE: tuple[Row, ...] = (
         about=f"vLLM dynamic speculation, batch-size schedule {DYNAMIC_SCHEDULE}"),
     Row("policy-only", "adaptivespec", _draft(8), {"tau": 1.0, "max_depth": 8},
         about="AdaptiveSpec shape policy, exact verification (lossless)"),
+    Row("pinned-k2", "adaptivespec", _draft(2), {"tau": 1.0, "min_depth": 2, "max_depth": 2}, depth=2,
+        about="AdaptiveSpec lossless pinned to depth 2 (same shape as static-k2: the plugin's own overhead)",
+        stock_twin="static-k2"),
+    Row("pinned-k4", "adaptivespec", _draft(4), {"tau": 1.0, "min_depth": 4, "max_depth": 4}, depth=4,
+        about="AdaptiveSpec lossless pinned to depth 4 (same shape as static-k4: the plugin's own overhead)",
+        stock_twin="static-k4"),
     Row("margin-k4", "adaptivespec", _draft(4), {"tau": TAU, "min_depth": 4, "max_depth": 4},
         per_tau=True, depth=4, about="AdaptiveSpec margin rule at a static depth of 4", lossless_twin="static-k4"),
     Row("adaptive", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8},

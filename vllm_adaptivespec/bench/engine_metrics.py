@@ -2,6 +2,8 @@
 
 Counters are summed over label sets (one engine per process here). A cell's figures come from the
 difference of the snapshots taken before and after it, so the warm-up and earlier cells do not count.
+vLLM's reader rounds counters down to whole numbers; `exact_counters` reads AdaptiveSpec's straight
+from the Prometheus registry, so a counter of seconds keeps its fractions.
 """
 
 from __future__ import annotations
@@ -11,11 +13,23 @@ SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 ADAPTIVESPEC_PREFIX = "vllm:adaptivespec_"
+# Exported as vllm:adaptivespec_overhead_seconds_total; Prometheus names the counter without "_total".
+OVERHEAD = "vllm:adaptivespec_overhead_seconds"
 WANTED_PREFIXES = ("vllm:spec_decode_", ADAPTIVESPEC_PREFIX)
 
 
-def snapshot(metrics: list) -> dict[str, dict]:
-    """vLLM `Metric` objects (``llm.get_metrics()``) -> {name: counter/vector/histogram/gauge dict}."""
+def exact_counters(registry=None) -> dict[str, float]:
+    """AdaptiveSpec's counters from the Prometheus registry (the process's own by default), unrounded."""
+    if registry is None:
+        from prometheus_client import REGISTRY as registry
+    return {metric.name: sum(s.value for s in metric.samples if s.name == metric.name + "_total")
+            for metric in registry.collect()
+            if metric.type == "counter" and metric.name.startswith(ADAPTIVESPEC_PREFIX)}
+
+
+def snapshot(metrics: list, exact: dict[str, float] | None = None) -> dict[str, dict]:
+    """vLLM `Metric` objects (``llm.get_metrics()``) -> {name: counter/vector/histogram/gauge dict};
+    counters in ``exact`` (see `exact_counters`) take its values (whole numbers stay ints)."""
     out: dict[str, dict] = {}
     for metric in metrics:
         name = metric.name
@@ -35,6 +49,8 @@ def snapshot(metrics: list) -> dict[str, dict]:
             entry["value"] += metric.value
         elif type(metric).__name__ == "Gauge":
             out[name] = {"type": "gauge", "value": metric.value}
+    for name, value in (exact or {}).items():
+        out[name] = {"type": "counter", "value": int(value) if float(value).is_integer() else value}
     return out
 
 
@@ -91,6 +107,17 @@ def spec_figures(d: dict[str, dict]) -> dict:
 def adaptivespec_figures(d: dict[str, dict]) -> dict[str, dict]:
     """The plugin's own metrics (``vllm:adaptivespec_*``), if it exported any."""
     return {name[len(ADAPTIVESPEC_PREFIX):]: entry for name, entry in d.items() if name.startswith(ADAPTIVESPEC_PREFIX)}
+
+
+def overhead_figures(d: dict[str, dict], step_seconds_total: float) -> dict:
+    """Seconds of the plugin's own per-step work over the cell and their share of all its step time;
+    None for both when the engine exports no overhead counter."""
+    entry = d.get(OVERHEAD)
+    if not entry or entry["type"] != "counter":
+        return {"overhead_seconds": None, "overhead_share": None}
+    seconds = float(entry["value"])
+    return {"overhead_seconds": seconds,
+            "overhead_share": seconds / step_seconds_total if step_seconds_total > 0 else None}
 
 
 def histogram_distribution(entry: dict) -> list[tuple[str, int]]:

@@ -1,14 +1,21 @@
 """Figures computed across cells of one run, and the Markdown table.
 
 Ratios compare cells of the same run and the same (workload, batch, temperature) only: the machine is
-shared and noisy, so numbers from different runs are not comparable.
+shared and noisy, so numbers from different runs are not comparable. A cell's figures are the medians
+over its repeats (see `results.summarize`), so every ratio is one of medians; the paired table adds
+each round's own ratio of a pinned row to its stock twin.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from .configs import STOCK_KINDS
+from .configs import STOCK_KINDS, TABLE
+from .results import cell_key, median, repeats_of
+
+# (pinned row, stock row of the same shape), compared side by side when both ran
+PAIRS = tuple((row.name, row.stock_twin) for row in TABLE if row.stock_twin)
+PAIR_RATIOS = ("step_p50_ratio", "tokens_per_s_ratio")  # pinned / stock, per pair and per round
 
 DEFINITIONS = """\
 - **tok/s**: generated tokens / wall-clock of the cell (all prompts, `batch` requests in flight, prefill included).
@@ -24,6 +31,10 @@ DEFINITIONS = """\
 - **recovery**: accuracy / the autoregressive target's accuracy in the same cell (the lossless reference).
 - **same as AR**: at temperature 0, share of answers token-identical to the autoregressive target's.
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
+- **repeats**: with `--repeats N` every configuration runs N interleaved rounds (A B C A B C); each figure is the
+  median over the rounds, and **tok/s spread** / **p50 spread** are max/min - 1 over them (min and max in results.json).
+- **overhead**: for configurations running the plugin, seconds it spent in its own per-step work
+  (`vllm:adaptivespec_overhead_seconds_total`) / the wall-clock of all the cell's steps, prefill steps included.
 """
 
 
@@ -36,7 +47,8 @@ def _ratio(a, b):
 
 
 def derive(data: dict) -> None:
-    """Add each cell's ``derived`` figures (ratios to AR / best static k / best stock, accuracy recovery)."""
+    """Add each cell's ``derived`` figures (ratios to AR / best static k / best stock, accuracy recovery)
+    and the run's ``paired`` comparisons."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for cell in data["cells"]:
         if cell.get("status") == "ok":
@@ -60,6 +72,37 @@ def derive(data: dict) -> None:
                 "best_stock": best_stock["config"] if best_stock else None,
                 "accuracy_recovery": _ratio(accuracy, ar_accuracy),
             }
+    data["paired"] = paired(data)
+
+
+def _step_p50(figures: dict):
+    return (figures.get("step_latency_ms") or {}).get("p50")
+
+
+def _pair_ratios(mine: dict, theirs: dict) -> dict:
+    """Pinned / stock step p50 and tok/s (``PAIR_RATIOS``) of two cells, or of two repeats of them."""
+    return {"step_p50_ratio": _ratio(_step_p50(mine), _step_p50(theirs)),
+            "tokens_per_s_ratio": _ratio(mine.get("tokens_per_s"), theirs.get("tokens_per_s"))}
+
+
+def paired(data: dict) -> list[dict]:
+    """Each pinned row against its stock twin in every (workload, batch, temperature) where both were
+    measured: ratios of the medians, and per round (the two ran back to back) with their median."""
+    cells = {cell_key(c): c for c in data["cells"] if c.get("status") == "ok"}
+    out = []
+    for key in sorted({_group(c) for c in cells.values()}):
+        for config, twin in PAIRS:
+            mine, theirs = cells.get((config, *key)), cells.get((twin, *key))
+            if mine is None or theirs is None:
+                continue
+            their_rounds = {r["repeat"]: r for r in repeats_of(theirs) if r.get("status") == "ok"}
+            rounds = [{"repeat": r["repeat"], **_pair_ratios(r, their_rounds[r["repeat"]])}
+                      for r in repeats_of(mine) if r.get("status") == "ok" and r["repeat"] in their_rounds]
+            out.append({"config": config, "twin": twin, "workload": key[0], "batch": key[1], "temperature": key[2],
+                        **_pair_ratios(mine, theirs), "rounds": rounds,
+                        "round_median": {k: median([r[k] for r in rounds]) for k in PAIR_RATIOS},
+                        "overhead_share": mine.get("overhead_share")})
+    return out
 
 
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
@@ -68,35 +111,43 @@ def _fmt(value, digits: int = 2, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
-def _pct(value) -> str:
-    return "–" if value is None else f"{100 * value:.0f}%"
+def _pct(value, digits: int = 0) -> str:
+    return "–" if value is None else f"{100 * value:.{digits}f}%"
 
 
-def _row(cell: dict) -> list[str]:
+def _spread(cell: dict, figure: str) -> str:
+    return _pct(((cell.get("spread") or {}).get(figure) or {}).get("rel"), 1)
+
+
+def _row(cell: dict) -> dict[str, str]:
+    """The cell's entry in every column (`columns` picks those the run has)."""
     if cell.get("status") != "ok":
         problem = f"**{cell.get('status', '?')}**: {_short(cell.get('error', ''))}"
-        return [f"`{cell['config']}`", problem] + [""] * (len(HEADER) - 2)
+        return {"config": f"`{cell['config']}`", "tok/s": problem}
     derived = cell.get("derived", {})
     spec = cell.get("spec", {})
     latency = cell.get("step_latency_ms", {})
     accuracy = cell.get("accuracy") or {}
     match = cell.get("match_vs_ar") or {}
     promoted = (cell.get("adaptivespec") or {}).get("promoted_tokens", {}).get("value")
-    return [
-        f"`{cell['config']}`",
-        _fmt(cell["tokens_per_s"], 1),
-        _fmt(derived.get("speedup_vs_ar"), 2, "x"),
-        _fmt(derived.get("speedup_vs_best_static"), 2, "x"),
-        _fmt(derived.get("speedup_vs_best_stock"), 2, "x"),
-        _fmt(spec.get("mean_acceptance_length"), 2),
-        _fmt(spec.get("draft_tokens_per_step"), 2),
-        _fmt(latency.get("p50"), 1),
-        _fmt(latency.get("p99"), 1),
-        _pct(accuracy.get("value")) + (f" ({accuracy['correct']}/{accuracy['n']})" if accuracy else ""),
-        _pct(derived.get("accuracy_recovery")),
-        _pct(match.get("identical")),
-        "–" if promoted is None else str(promoted),
-    ]
+    return {
+        "config": f"`{cell['config']}`",
+        "tok/s": _fmt(cell["tokens_per_s"], 1),
+        "tok/s spread": _spread(cell, "tokens_per_s"),
+        "x AR": _fmt(derived.get("speedup_vs_ar"), 2, "x"),
+        "x best static": _fmt(derived.get("speedup_vs_best_static"), 2, "x"),
+        "x best stock": _fmt(derived.get("speedup_vs_best_stock"), 2, "x"),
+        "accept len": _fmt(spec.get("mean_acceptance_length"), 2),
+        "draft/step": _fmt(spec.get("draft_tokens_per_step"), 2),
+        "step p50 ms": _fmt(latency.get("p50"), 1),
+        "p50 spread": _spread(cell, "step_p50_ms"),
+        "step p99 ms": _fmt(latency.get("p99"), 1),
+        "accuracy": _pct(accuracy.get("value")) + (f" ({accuracy['correct']}/{accuracy['n']})" if accuracy else ""),
+        "recovery": _pct(derived.get("accuracy_recovery")),
+        "same as AR": _pct(match.get("identical")),
+        "promoted": "–" if promoted is None else f"{promoted:g}",
+        "overhead": _pct(cell.get("overhead_share"), 1),
+    }
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -106,6 +157,19 @@ def _short(text: str, limit: int = 160) -> str:
 
 HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
           "step p99 ms", "accuracy", "recovery", "same as AR", "promoted"]
+
+
+def columns(data: dict) -> list[str]:
+    """`HEADER`, plus the spreads when some cell has several measured repeats and the overhead share when
+    some cell recorded one (None included: the plugin ran but exported no overhead counter)."""
+    header = list(HEADER)
+    cells = [c for c in data["cells"] if c.get("status") == "ok"]
+    if any((c.get("n_repeats") or 1) > 1 for c in cells):
+        header.insert(header.index("tok/s") + 1, "tok/s spread")
+        header.insert(header.index("step p50 ms") + 1, "p50 spread")
+    if any("overhead_share" in c for c in cells):
+        header.append("overhead")
+    return header
 
 
 def markdown(data: dict) -> str:
@@ -125,7 +189,8 @@ def markdown(data: dict) -> str:
         f"- models ({models.get('pair') or 'explicit paths'}): target `{models.get('target')}`, "
         f"drafter `{models.get('drafter')}`",
         f"- mode {settings.get('mode')}: max tokens {settings.get('max_tokens')}, "
-        f"max_model_len {settings.get('max_model_len')}, enforce_eager {settings.get('enforce_eager')}",
+        f"max_model_len {settings.get('max_model_len')}, enforce_eager {settings.get('enforce_eager')}, "
+        f"repeats {settings.get('repeats', 1)}",
         "",
         DEFINITIONS,
     ]
@@ -138,15 +203,43 @@ def markdown(data: dict) -> str:
     for cell in data["cells"]:
         groups[_group(cell)].append(cell)
     order = list(data.get("configs", {}))
+    header = columns(data)
     for (workload, batch, temperature), cells in sorted(groups.items()):
         cells.sort(key=lambda c: order.index(c["config"]) if c["config"] in order else len(order))
         lines += [f"## {workload}, batch {batch}, temperature {temperature:g}", ""]
-        lines.append("| " + " | ".join(HEADER) + " |")
-        lines.append("|" + "---|" * len(HEADER))
-        lines += ["| " + " | ".join(_row(cell)) + " |" for cell in cells]
-        lines.append("")
+        lines += _table(header, [[_row(cell).get(column, "") for column in header] for cell in cells])
+    lines += _paired_table(data.get("paired") or [])
     lines += _plugin_notes(data)
+    lines += _repeat_notes(data)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
+def _rounds(pair: dict, figure: str) -> str:
+    values = [_fmt(r[figure], 3) for r in pair["rounds"]]
+    if len(values) < 2:
+        return ", ".join(values) or "–"
+    return ", ".join(values) + f" (median {_fmt(pair['round_median'][figure], 3)})"
+
+
+def _paired_table(pairs: list[dict]) -> list[str]:
+    """Pinned AdaptiveSpec against stock speculation of the same shape: the plugin's own cost."""
+    if not pairs:
+        return []
+    rows = [[p["workload"], str(p["batch"]), f"{p['temperature']:g}", f"`{p['config']}` / `{p['twin']}`",
+             _fmt(p["step_p50_ratio"], 3), _rounds(p, "step_p50_ratio"),
+             _fmt(p["tokens_per_s_ratio"], 3), _rounds(p, "tokens_per_s_ratio"), _pct(p["overhead_share"], 1)]
+            for p in pairs]
+    return ["## Pinned AdaptiveSpec vs stock speculation of the same shape", "",
+            "Pinned / stock: step p50 and tok/s ratios of the medians over rounds, then each round's ratio (the two "
+            "run back to back in every round, so a round's ratio is the less noisy figure). A step p50 ratio above "
+            "1 is what running the plugin adds to a step; overhead is the pinned row's share of step time in its own work.", "",
+            *_table(["workload", "batch", "T", "pinned / stock", "step p50 ratio", "per round", "tok/s ratio",
+                     "per round", "overhead"], rows)]
 
 
 def _plugin_notes(data: dict) -> list[str]:
@@ -161,3 +254,14 @@ def _plugin_notes(data: dict) -> list[str]:
     return ["## Warnings", "",
             "AdaptiveSpec configurations that recorded no `vllm:adaptivespec_draft_depth` observations "
             "(plugin not active, or its metrics missing): " + ", ".join(f"`{n}`" for n in silent), ""]
+
+
+def _repeat_notes(data: dict) -> list[str]:
+    """Repeats of measured cells that did not complete (their cell's figures are over the others)."""
+    missing = [f"- `{c['config']}` {c['workload']}, batch {c['batch']}, temperature {c['temperature']:g}, "
+               f"round {r['repeat'] + 1}: {r.get('status')}: {_short(r.get('error', ''))}"
+               for c in data["cells"] if c.get("status") == "ok"
+               for r in repeats_of(c) if r.get("status") != "ok"]
+    if not missing:
+        return []
+    return ["## Repeats not measured", "", "Figures of these cells are over their other rounds.", "", *missing, ""]

@@ -1,7 +1,9 @@
 """Runs the benchmark: one worker process per configuration, results rewritten after every cell.
 
-A configuration that vLLM refuses, that crashes, or that needs a missing model is recorded as
-failed (with the reason and its log) and the run goes on with the next one.
+With ``repeats`` > 1 the whole configuration list runs that many rounds, interleaved (A B C A B C),
+each configuration in a fresh worker process every round. A configuration that vLLM refuses, that
+crashes, or that needs a missing model is recorded as failed (with the reason and its log) and the run
+goes on with the next one.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ from pathlib import Path
 
 from .configs import BenchConfig, select
 from .environment import describe
-from .results import ResultStore, cell_slug
+from .results import ResultStore, cell_slug, repeats_of
 from .sandbox import Limits
 from .scoring import score_humaneval, score_word_problems
 from .settings import BenchSettings
 from .workloads import Item, load
 
 # Order configurations run in (by table row): the references first, then what is being measured,
-# so a time budget cuts the least central ones.
-RUN_ORDER = ("ar", "static-k4", "adaptive", "policy-only", "margin-k4", "static-k2", "static-k6", "static-k8",
-             "dynamic", "ngram")
+# so a time budget cuts the least central ones. A pinned row runs right after its stock twin, so in
+# every round the two are measured back to back.
+RUN_ORDER = ("ar", "static-k4", "pinned-k4", "adaptive", "policy-only", "margin-k4", "static-k2", "pinned-k2",
+             "static-k6", "static-k8", "dynamic", "ngram")
 POLL_S = 0.5
 
 
@@ -74,11 +77,11 @@ class Run:
         return {"config": config.name, "workload": workload, "batch": batch, "temperature": temperature,
                 "row": config.row, "kind": config.kind, "tau": config.tau, "depth": config.depth}
 
-    def _mark(self, config: BenchConfig, cells: list[tuple], status: str, error: str) -> None:
+    def _mark(self, config: BenchConfig, cells: list[tuple], repeat: int, status: str, error: str) -> None:
         for workload, batch, temperature in cells:
-            if not self.store.done(config.name, workload, batch, temperature):
+            if not self.store.done(config.name, workload, batch, temperature, repeat):
                 self.store.put_cell({**self._base_cell(config, workload, batch, temperature),
-                                     "status": status, "error": error})
+                                     "status": status, "error": error}, repeat=repeat)
         self.store.save()
 
     # ---- the run
@@ -92,8 +95,10 @@ class Run:
                                   about=config.about, engine=config.engine_args())
         self.store.save()
         configs.sort(key=lambda c: RUN_ORDER.index(c.row) if c.row in RUN_ORDER else len(RUN_ORDER))
-        todo = {c.name: [cell for cell in self.cells if not self.store.done(c.name, *cell)] for c in configs}
-        total = sum(len(v) for v in todo.values())
+        # (repeat, configuration, its cells that repeat has not measured yet), in run order: round by round
+        todo = [(r, c, [cell for cell in self.cells if not self.store.done(c.name, *cell, r)])
+                for r in range(self.settings.repeats) for c in configs]
+        total = sum(len(cells) for _, _, cells in todo)
         if not configs:
             self._say("adaptivespec bench: no configuration to run")
             return 2
@@ -103,17 +108,18 @@ class Run:
         with tqdm(total=total, desc="cells", unit="cell", position=0, disable=not self.show_progress,
                   dynamic_ncols=True) as overall:
             try:
-                for config in configs:
-                    if todo[config.name]:
-                        self._run_config(config, todo[config.name], overall)
+                for repeat, config, cells in todo:
+                    if cells:
+                        self._run_config(config, cells, overall, repeat)
             except KeyboardInterrupt:
                 interrupted = True
                 self._say("adaptivespec bench: interrupted; results measured so far are saved")
         self.finish()
         if interrupted:
             return 130
-        ok = any(c.get("status") == "ok" for c in self.store.data["cells"])
-        failed = any(c.get("status") != "ok" for c in self.store.data["cells"]) or rejected
+        records = [r for c in self.store.data["cells"] for r in repeats_of(c)]
+        ok = any(r.get("status") == "ok" for r in records)
+        failed = any(r.get("status") != "ok" for r in records) or rejected
         return 0 if ok and not failed else (1 if ok else 2)
 
     def finish(self) -> None:
@@ -131,23 +137,25 @@ class Run:
         self._say(f"adaptivespec bench: results in {self.store.directory}/results.json, results.md"
                   + (f", {len(plots)} plots" if plots else ""))
 
-    def _run_config(self, config: BenchConfig, cells: list[tuple], overall) -> None:
+    def _run_config(self, config: BenchConfig, cells: list[tuple], overall, repeat: int) -> None:
         self.store.set_config(config.name, error=None)
         if config.needs_drafter and not self.settings.drafter:
             reason = f"needs the drafter model: {self.drafter_problem or 'no drafter given (--drafter)'}"
             self._say(f"adaptivespec bench: {config.name}: {reason}")
-            self._mark(config, cells, "failed", reason)
+            self._mark(config, cells, repeat, "failed", reason)
             overall.update(len(cells))
             return
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             typical = sum(self.config_seconds) / len(self.config_seconds) if self.config_seconds else 0.0
             if left <= 0 or left < 0.5 * typical:
-                self._mark(config, cells, "skipped", "time budget of the run used up")
+                self._mark(config, cells, repeat, "skipped", "time budget of the run used up")
                 overall.update(len(cells))
                 return
         begin = time.monotonic()
-        self._say(f"adaptivespec bench: {config.name} ({config.about})")
+        rounds = self.settings.repeats
+        self._say(f"adaptivespec bench: {config.name}" + (f", round {repeat + 1}/{rounds}" if rounds > 1 else "")
+                  + f" ({config.about})")
         with tempfile.TemporaryDirectory(prefix="adaptivespec-bench-") as tmp:
             job_path, events_path = Path(tmp) / "job.json", Path(tmp) / "events.jsonl"
             job = {
@@ -163,15 +171,15 @@ class Run:
             }
             job_path.write_text(json.dumps(job))
             events_path.touch()
-            log_path = self.store.log_path(config.name)
-            finished = self._watch(config, cells, job_path, events_path, log_path, overall)
+            log_path = self.store.log_path(config.name, repeat)
+            finished = self._watch(config, cells, repeat, job_path, events_path, log_path, overall)
         self.config_seconds.append(time.monotonic() - begin)
         self._score_pending()
         self.store.save()
         if not finished:
             self._say(f"adaptivespec bench: {config.name}: not all cells completed; see {log_path}")
 
-    def _watch(self, config, cells, job_path: Path, events_path: Path, log_path: Path, overall) -> bool:
+    def _watch(self, config, cells, repeat: int, job_path: Path, events_path: Path, log_path: Path, overall) -> bool:
         from tqdm import tqdm
 
         env = dict(os.environ)
@@ -197,12 +205,12 @@ class Run:
                 offset += len(complete.encode())
                 for line in complete.splitlines():
                     event = json.loads(line)
-                    engine_error = self._on_event(config, cells, event, reported, bar, overall) or engine_error
+                    engine_error = self._on_event(config, cells, repeat, event, reported, bar, overall) or engine_error
                 if exited:
                     break
                 if self.deadline is not None and time.monotonic() > self.deadline:
                     self._stop(proc)
-                    self._mark(config, [c for i, c in enumerate(cells) if i not in reported], "skipped",
+                    self._mark(config, [c for i, c in enumerate(cells) if i not in reported], repeat, "skipped",
                                "time budget of the run ran out while this configuration was running")
                     overall.update(len(cells) - len(reported))
                     return False
@@ -215,11 +223,12 @@ class Run:
         missing = [c for i, c in enumerate(cells) if i not in reported]
         if missing:
             reason = engine_error or f"worker exited with status {proc.returncode}"
-            self._mark(config, missing, "failed", f"{reason} (log: {log_path}; last lines: {_log_tail(log_path, 3)})")
+            self._mark(config, missing, repeat, "failed",
+                       f"{reason} (log: {log_path}; last lines: {_log_tail(log_path, 3)})")
             overall.update(len(missing))
         return not missing
 
-    def _on_event(self, config, cells, event: dict, reported: set[int], bar, overall) -> str | None:
+    def _on_event(self, config, cells, repeat: int, event: dict, reported: set[int], bar, overall) -> str | None:
         kind = event["event"]
         if kind == "loaded":
             self.store.set_config(config.name, engine_load_s=round(event["seconds"], 1),
@@ -236,14 +245,14 @@ class Run:
             result = dict(event["result"])
             outputs = result.pop("outputs")
             self.store.put_cell({**self._base_cell(config, workload, batch, temperature), "status": "ok",
-                                 "n_requests": len(outputs), **result}, outputs)
+                                 "n_requests": len(outputs), **result}, outputs, repeat)
             self.store.save()
             reported.add(event["index"])
             overall.update(1)
         elif kind == "cell_failed":
             workload, batch, temperature = cells[event["index"]]
             self.store.put_cell({**self._base_cell(config, workload, batch, temperature), "status": "failed",
-                                 "error": event["error"]})
+                                 "error": event["error"]}, repeat=repeat)
             self.store.save()
             reported.add(event["index"])
             overall.update(1)

@@ -1,4 +1,4 @@
-"""What one benchmark run measures: the quick and full presets and the validated settings object."""
+"""What one benchmark run measures: the presets (quick, tree, lean, full) and the validated settings object."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ QUICK_HUMANEVAL = [0, 13, 35, 55]
 # Eight problems with 6-8 line answers (long enough that decoding, not prefill, dominates a cell),
 # so batch 8 has eight requests in flight.
 TREE_HUMANEVAL = [3, 8, 11, 12, 31, 55, 58, 150]
+# The tree problems plus the 24 with the longest canonical solutions of at most 115 qwen-coder tokens
+# (82-115, 2,341 in all). The tree eight took 312 tokens; qwen-coder's answers ran ~0.9x the canonical
+# length there, so at a conservative 0.6x these 32 give 312 + 0.6 * 2341 ~ 1,700 output tokens per cell.
+LEAN_HUMANEVAL = sorted(TREE_HUMANEVAL + [1, 6, 19, 20, 32, 39, 59, 75, 94, 99, 105, 106, 107, 108, 114, 118,
+                                          119, 123, 127, 130, 143, 146, 147, 161])
 
 PRESETS: dict[str, dict] = {
     # AdaptiveSpec against its references at batch 1, greedy, one tau, short answers. Sized for the
@@ -45,6 +50,22 @@ PRESETS: dict[str, dict] = {
         "general_limit": 8,
         "max_tokens": {"humaneval": 128, "general": 96},
         "budget_minutes": None,
+    },
+    # The plugin's own cost: AdaptiveSpec pinned to static-k2's and static-k4's shape, each run right after
+    # its stock twin, plus the fixed tree; two interleaved rounds (A B C A B C) so each cell has a spread
+    # and each pair a per-round ratio. At least 1,500 output tokens per cell: 32 problems (~1,700-2,400
+    # tokens, answers stop at the closing fence) and 16 general prompts (2,048 tokens at most; earlier runs
+    # hit their limit every time, and ~1,800 even if the two summaries and a word problem stop at 50).
+    "lean": {
+        "configs": ["static-k2", "pinned-k2", "static-k4", "pinned-k4", "static-tree"],
+        "taus": [],
+        "batches": [1, 8],
+        "temperatures": [0.0],
+        "humaneval_problems": LEAN_HUMANEVAL,
+        "general_limit": 16,
+        "max_tokens": {"humaneval": 160, "general": 128},
+        "budget_minutes": None,
+        "repeats": 2,
     },
     # The whole matrix of the issue: all 164 problems, all prompts, both batch sizes and temperatures.
     "full": {
@@ -82,6 +103,8 @@ class BenchSettings(BaseModel):
     enforce_eager: bool = True
     dtype: str = "bfloat16"
     budget_minutes: float | None = None
+    # Rounds of the whole configuration list (A B C A B C ...), each configuration in a fresh process.
+    repeats: int = Field(1, ge=1)
     sandbox_timeout_s: float = 20.0
     # A cell whose requests get no token for this long is failed as stuck (slow steps are far shorter).
     stall_timeout_s: float = Field(300.0, gt=0)

@@ -12,7 +12,9 @@ How requests are driven: the worker feeds `LLMEngine` itself (``add_request`` + 
 - per-step latency = wall-clock of one ``LLMEngine.step()`` call, i.e. one engine iteration (one
   draft + verify round for every running request), counting only steps that returned tokens and
   prefilled no request. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the runner's default) the engine
-  core runs inside ``step()``, so this is the iteration's compute time plus output processing.
+  core runs inside ``step()``, so this is the iteration's compute time plus output processing;
+- step_seconds_total = all ``step()`` calls of the cell (prefill steps included): the time the plugin's
+  own overhead (``vllm:adaptivespec_overhead_seconds_total``) is a share of.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import zlib
 from collections import deque
 from pathlib import Path
 
-from .engine_metrics import adaptivespec_figures, delta, percentile, snapshot, spec_figures
+from .engine_metrics import (
+    adaptivespec_figures, delta, exact_counters, overhead_figures, percentile, snapshot, spec_figures,
+)
 
 
 class Events:
@@ -80,7 +84,8 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
     texts: list[list[str]] = [[] for _ in prompts]
     finish: list[str | None] = [None] * len(prompts)
     started: set[int] = set()
-    step_seconds: list[float] = []
+    step_seconds: list[float] = []  # decode steps only
+    all_step_seconds = 0.0  # every step, prefill steps and steps that returned nothing included
     prefill_steps = 0
     begin = last_progress = time.perf_counter()
     while pending or in_flight:
@@ -92,6 +97,7 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
         tick = time.perf_counter()
         outputs = engine.step()
         seconds = time.perf_counter() - tick
+        all_step_seconds += seconds
         if outputs:
             last_progress = tick + seconds
         elif tick + seconds - last_progress > stall_timeout_s:
@@ -128,6 +134,7 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
             "decode_steps": len(step_seconds),
             "prefill_steps": prefill_steps,
         },
+        "step_seconds_total": all_step_seconds,
         "outputs": [
             {"text": "".join(t), "token_ids": ids, "finish_reason": f}
             for t, ids, f in zip(texts, token_ids, finish, strict=True)
@@ -177,11 +184,13 @@ def main(job_path: str, events_path: str) -> int:
                 events.emit("progress", index=index, done=done, total=len(items))
 
             engine.reset_prefix_cache()  # every cell starts cold, whatever ran before it
-            before = snapshot(llm.get_metrics())
+            before = snapshot(llm.get_metrics(), exact_counters())
             result = run_cell(engine, prompts, params, cell["batch"], on_done, job["stall_timeout_s"])
-            counts = delta(before, snapshot(llm.get_metrics()))
+            counts = delta(before, snapshot(llm.get_metrics(), exact_counters()))
             result["spec"] = spec_figures(counts)
             result["adaptivespec"] = adaptivespec_figures(counts)
+            if config["adaptivespec"]:
+                result.update(overhead_figures(counts, result["step_seconds_total"]))
             for item, output in zip(items, result["outputs"], strict=True):
                 output["id"] = item["id"]
             events.emit("cell", index=index, result=result)
