@@ -4,7 +4,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-VLLM_VERSION = "0.32.0"  # keep equal to vllm_adaptivespec.engine.compat.SUPPORTED_VLLM
+VLLM_VERSION = "0.32.0"  # the one place: engine.compat reads it back from the installed metadata
 
 setup(
     name="vllm-adaptivespec",

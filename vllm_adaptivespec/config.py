@@ -41,18 +41,11 @@ class AdaptiveSpecConfig(BaseModel):
     )
 
     min_request_tau: float = Field(
-        0.3,
-        gt=0.0,
-        le=1.0,
-        description="Loosest tau a single request may ask for (vllm_xargs adaptivespec_tau); requests may "
-        "always ask for 1 (lossless).",
-    )
-
-    min_request_tau: float = Field(
         0.1,
         gt=0.0,
         le=1.0,
-        description="Loosest tau a single request may ask for (per-request overrides are checked against it).",
+        description="Loosest tau a single request may ask for (vllm_xargs adaptivespec_tau, checked against it); "
+        "requests may always ask for 1 (lossless).",
     )
 
     min_depth: int = Field(1, ge=1, le=64, description="Shallowest draft (tokens).")

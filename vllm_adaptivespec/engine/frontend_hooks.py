@@ -6,8 +6,6 @@ engine core; a bad per-request value becomes a 400 for that request alone.
 
 from __future__ import annotations
 
-import os
-
 from vllm.engine.arg_utils import EngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.logger import init_logger
@@ -16,7 +14,7 @@ from vllm.v1.engine.input_processor import InputProcessor
 from vllm_adaptivespec import __version__
 from vllm_adaptivespec.config import AdaptiveSpecConfigError
 from vllm_adaptivespec.engine.compat import require_supported_vllm
-from vllm_adaptivespec.engine.patching import wrap
+from vllm_adaptivespec.engine.patching import EnvSwitch, wrap
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.settings import debug_settings, raw_settings, resolve, settings_for
 
@@ -24,15 +22,17 @@ logger = init_logger("vllm.adaptivespec")
 
 
 def install() -> None:
+    # Our hooks live in the V1 model runner; CUDA defaults to Model Runner V2.
+    v1_runner = EnvSwitch("VLLM_USE_V2_MODEL_RUNNER", "0", "AdaptiveSpec hooks vLLM's V1 model runner")
+
     @wrap(EngineArgs, "create_engine_config", "validate AdaptiveSpec settings at startup")
     def create_engine_config(original, self, *args, **kwargs):
         raw = raw_settings(self.additional_config)
         if raw is None:
             return original(self, *args, **kwargs)
         require_supported_vllm()
-        # Our hooks live in the V1 model runner and need synchronous scheduling (draft lengths
-        # differ per request); CUDA defaults to Model Runner V2 and async scheduling.
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        # The V1 runner, and synchronous scheduling (draft lengths differ per request).
+        v1_runner.apply()
         if self.async_scheduling:
             logger.warning("AdaptiveSpec: async scheduling is turned off (per-request draft lengths)")
         self.async_scheduling = False

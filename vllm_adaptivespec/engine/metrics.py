@@ -8,14 +8,12 @@ extra dataclass fields in every process before any msgpack decoder is built, so 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import prometheus_client
 from vllm.v1.spec_decode import metrics as vllm_sd_metrics
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_adaptivespec.engine.patching import wrap
+from vllm_adaptivespec.engine.patching import add_dataclass_fields, wrap
 
 PROMOTED = "vllm:adaptivespec_promoted_tokens"
 DEPTH = "vllm:adaptivespec_draft_depth"
@@ -31,15 +29,9 @@ _EXTRA_FIELDS = {
 
 def extend_spec_decoding_stats() -> None:
     """Add our fields to vLLM's SpecDecodingStats dataclass (msgspec then encodes/decodes them)."""
-    cls = vllm_sd_metrics.SpecDecodingStats
-    for name, (typ, default) in _EXTRA_FIELDS.items():
-        if name in cls.__dataclass_fields__:
-            continue
-        f = dataclasses.field(default=default)
-        f.name, f.type, f._field_type = name, typ, dataclasses._FIELD  # type: ignore[attr-defined]
-        cls.__dataclass_fields__[name] = f
-        cls.__annotations__[name] = typ
-        setattr(cls, name, default)
+    add_dataclass_fields(
+        vllm_sd_metrics.SpecDecodingStats, _EXTRA_FIELDS, "carry AdaptiveSpec step stats to the front end"
+    )
 
 
 def add_step_stats(spec_decoding_stats, step) -> None:

@@ -7,7 +7,6 @@ All hooks are no-ops for a runner whose config has no `adaptivespec` settings.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +15,7 @@ from vllm.v1.sample import rejection_sampler as vllm_rejection
 from vllm.v1.worker import gpu_model_runner as gmr
 
 from vllm_adaptivespec.engine import sampler
-from vllm_adaptivespec.engine.patching import register_attention_backend, replace, wrap
+from vllm_adaptivespec.engine.patching import ScopedSwap, register_attention_backend, replace, wrap
 from vllm_adaptivespec.engine.proposer import AdaptiveDraftModelProposer, AdaptiveEagleProposer
 from vllm_adaptivespec.engine.settings import debug_settings, settings_for
 from vllm_adaptivespec.engine.state import AdaptiveState
@@ -31,30 +30,24 @@ class StepOutputs:
     slot_mappings: object  # per attention layer: the KV slot each query row was written to
 
 
-@contextmanager
-def _adaptive_proposer_classes():
-    """The runner builds its drafter from these module globals; swap them only while it does."""
-    saved = gmr.DraftModelProposer, gmr.EagleProposer
-    gmr.DraftModelProposer, gmr.EagleProposer = AdaptiveDraftModelProposer, AdaptiveEagleProposer
-    try:
-        yield
-    finally:
-        gmr.DraftModelProposer, gmr.EagleProposer = saved
-
-
 def _state(runner) -> AdaptiveState | None:
     return getattr(runner, "adaptivespec", None)
 
 
 def install() -> None:
     runner_cls = gmr.GPUModelRunner
+    # The runner builds its drafter from these module globals: ours only while an AdaptiveSpec runner does.
+    proposer_swaps = [
+        ScopedSwap(gmr, "DraftModelProposer", AdaptiveDraftModelProposer, "AdaptiveSpec draft-model drafter"),
+        ScopedSwap(gmr, "EagleProposer", AdaptiveEagleProposer, "AdaptiveSpec EAGLE drafter"),
+    ]
 
     @wrap(runner_cls, "__init__", "build AdaptiveSpec drafters and per-request state")
     def __init__(original, self, vllm_config, *args, **kwargs):
         config = settings_for(vllm_config)
         if config is None:
             return original(self, vllm_config, *args, **kwargs)
-        with _adaptive_proposer_classes():
+        with proposer_swaps[0].applied(), proposer_swaps[1].applied():
             original(self, vllm_config, *args, **kwargs)
         self.adaptivespec = AdaptiveState(config, self, debug_settings(vllm_config).get("random_shapes"))
         self.drafter.adaptive_state = self.adaptivespec
