@@ -42,7 +42,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "n-gram and static k on 8 short problems and 8 prompts, batch 1 and 8; lean: the "
                              "plugin's own cost, pinned-k2/pinned-k4 (AdaptiveSpec lossless at a fixed depth) each "
                              "right after static-k2/static-k4, plus static-tree, on 32 problems and 16 prompts "
-                             "(1,500+ tokens a cell), batch 1 and 8, greedy, 2 interleaved repeats; full: every "
+                             "(1,500+ tokens a cell), batch 1 and 8, greedy, 2 interleaved repeats; stock: AdaptiveSpec "
+                             "(policy-only, adaptive@0.5) against ar and every stock configuration (static k=1..4, "
+                             "ngram, dynamic) on the same cells, 2 interleaved repeats; full: every "
                              "configuration, 5 taus, all 164 problems and 62 prompts, batch 1 and 8, temperature "
                              "0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
@@ -75,7 +77,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="discard results already in --output")
     run.add_argument("--repeats", type=int,
                      help="rounds of the whole configuration list, interleaved (A B C A B C), each configuration "
-                          "in a fresh process; figures are medians over rounds (lean: 2, other modes: 1)")
+                          "in a fresh process; figures are medians over rounds (lean, stock: 2; other modes: 1)")
     run.add_argument("--budget-minutes", type=float,
                      help="stop starting configurations after this long; 0 = no limit (quick: 14)")
     run.add_argument("--sandbox-timeout", type=float, default=20.0,

@@ -78,6 +78,19 @@ class AdaptiveSpecConfig(BaseModel):
         description="Replace draft_cost by the measured ratio of a drafter pass to a target forward on the "
         "hardware at hand (timed every step); false = keep draft_cost fixed.",
     )
+    allow_off: bool = Field(
+        True,
+        description="Let the step-cost model switch speculation off (depth 0) per request and for a whole step, "
+        "where plain decoding is faster; a whole step off runs no drafter pass (draft models; the drafter "
+        "catches up on the missed tokens at its next pass). false = every step drafts at least min_depth.",
+    )
+    probe_every: int = Field(
+        16,
+        ge=1,
+        le=1_000_000,
+        description="After this many steps in a row with speculation off, one step drafts min_depth anyway, "
+        "to refresh the acceptance estimates (the cost of looking).",
+    )
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(
         0.7, ge=0.0, le=1.0, description="Signal at or above which width = min_width (a chain when min_width = 1)."

@@ -24,7 +24,9 @@ def test_row_names_unique_and_kinds_as_documented():
     assert len(names) == len(set(names))
     kinds = {row.name: row.kind for row in TABLE}
     assert kinds["ar"] == "ar" and kinds["ngram"] == "ngram" and kinds["dynamic"] == "dynamic"
-    assert sorted(n for n, k in kinds.items() if k == "static") == ["static-k2", "static-k4", "static-k6", "static-k8"]
+    assert sorted(n for n, k in kinds.items() if k == "static") == [
+        "static-k1", "static-k2", "static-k3", "static-k4", "static-k6", "static-k8"
+    ]
 
 
 def test_adaptivespec_rows_follow_the_plugin_contract():

@@ -10,9 +10,12 @@ from vllm_adaptivespec.bench.results import ResultStore
 
 CONFIGS = [  # name, row, kind, tau, tok/s, pass@1
     ("ar", "ar", "ar", None, 10.0, 0.5),
+    ("static-k1", "static-k1", "static", None, 12.0, 0.5),
     ("static-k2", "static-k2", "static", None, 14.0, 0.5),
+    ("static-k3", "static-k3", "static", None, 15.0, 0.5),
     ("static-k4", "static-k4", "static", None, 16.0, 0.5),
     ("ngram", "ngram", "ngram", None, 20.0, 0.5),
+    ("dynamic", "dynamic", "dynamic", None, 17.0, 0.5),
     ("policy-only", "policy-only", "adaptivespec", 1.0, 18.0, 0.5),
     ("margin-k4@0.5", "margin-k4", "adaptivespec", 0.5, 20.0, 0.45),
     ("adaptive@0.9", "adaptive", "adaptivespec", 0.9, 19.0, 0.5),
@@ -60,6 +63,14 @@ def test_ratios_are_taken_within_the_same_cell_group(data):
     assert cell["derived"]["accuracy_recovery"] == pytest.approx(0.8)
     failed = next(c for c in data["cells"] if c["status"] == "failed")
     assert "derived" not in failed
+
+
+def test_no_best_stock_ratio_without_every_stock_configuration(data):
+    data["cells"] = [c for c in data["cells"] if c["config"] != "static-k3"]
+    derive(data)
+    cell = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "humaneval")
+    assert cell["derived"]["best_stock"] is None and cell["derived"]["speedup_vs_best_stock"] is None
+    assert "| x best stock |" not in markdown(data)  # no such column (the legend still explains it)
 
 
 def test_markdown_has_one_table_per_group_and_reports_problems(data):
@@ -128,7 +139,8 @@ def test_cells_report_the_median_and_spread_of_their_repeats(rounds):
     pinned = next(c for c in rounds["cells"] if c["config"] == "pinned-k2")
     assert pinned["adaptivespec"]["promoted_tokens"] == {"type": "counter", "value": 7}
     text = markdown(rounds)
-    assert "| `static-k2` | 11.0 | 20.0% | 2.20x | 1.00x | 1.00x | 2.50 | 4.00 | 31.0 | 10.0% | 62.0 |" in text
+    # (a pinned/static pair alone is not the whole stock set: no best-stock column)
+    assert "| `static-k2` | 11.0 | 20.0% | 2.20x | 1.00x | 2.50 | 4.00 | 31.0 | 10.0% | 62.0 |" in text
     assert "| `static-k4` | 9.0 | 0.0% |" in text and "repeats 3" in text
 
 
@@ -171,3 +183,13 @@ def test_overhead_share_is_shown_for_plugin_rows(data):
     text = markdown(data)
     assert text.count("| overhead |") == 2 and "| tok/s spread |" not in text  # one repeat: no spread columns
     assert "| 7 | 3.1% |" in text and "| `ar` | 10.0 |" in text and "| – | – |" in text
+
+
+def test_hindsight_table_lists_the_cells_that_have_one(data):
+    cell = next(c for c in data["cells"] if c["config"] == "policy-only" and c["workload"] == "humaneval")
+    cell["hindsight"] = {"policy": 9.0, "best_fixed": 9.5, "best_fixed_depth": 2, "oracle": 10.0, "regret": 0.1,
+                         "fixed": [8.0, 9.0, 9.5], "steps": 100}
+    derive(data)
+    text = markdown(data)
+    assert "## Policy vs hindsight" in text
+    assert "| humaneval | 1 | 0 | `policy-only` | 9.0 | 9.5 (k=2) | 10.0 | 10.0% |" in text

@@ -21,7 +21,7 @@ def _metrics(llm) -> dict:
         if "spec_decode" in metric.name or "adaptivespec" in metric.name:
             value = getattr(metric, "value", None)
             if value is None and hasattr(metric, "count"):
-                value = {"count": metric.count, "sum": metric.sum}
+                value = {"count": metric.count, "sum": metric.sum, "buckets": dict(getattr(metric, "buckets", {}))}
             if value is not None:
                 out[metric.name] = value
     return out

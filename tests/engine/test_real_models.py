@@ -15,19 +15,34 @@ from enginerun import run_engine
 pytestmark = [pytest.mark.engine, pytest.mark.real_models]
 
 
-def _spec(pair, prompts, adaptivespec=None):
+def _spec(pair, prompts, adaptivespec=None, debug=None):
     engine = {"model": str(pair.target), "dtype": "float32"}
     if adaptivespec is not None:
         engine["speculative_config"] = {"method": "draft_model", "model": str(pair.drafter), "num_speculative_tokens": 4}
         engine["additional_config"] = {"adaptivespec": adaptivespec}
+        if debug is not None:
+            engine["additional_config"]["adaptivespec_debug"] = debug
     return {"engine": engine, "prompts": prompts, "max_tokens": 96, "batch_sizes": [1, 4]}
+
+
+def _accepted_per_draft_token(metrics) -> float:
+    return metrics["vllm:spec_decode_num_accepted_tokens"] / metrics["vllm:spec_decode_num_draft_tokens"]
 
 
 def test_smollm2_lossless_chain_equals_plain_greedy(smollm2, smollm2_prompts):
     plain = run_engine(_spec(smollm2, smollm2_prompts))
-    adaptive = run_engine(_spec(smollm2, smollm2_prompts, adaptivespec={"tau": 1.0}))
-    assert adaptive["outputs"]["1"] == plain["outputs"]["1"]
-    assert adaptive["outputs"]["4"] == plain["outputs"]["4"]
-    metrics = adaptive["metrics"]
-    assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
-    assert metrics["vllm:adaptivespec_promoted_tokens"] == 0
+    # Pinned at depth 2 (no step plan) so the two runs draft alike; the second skips the drafter on about
+    # every other step and must catch its KV up: same outputs, and drafts as good as without skips.
+    pinned = {"tau": 1.0, "min_depth": 2, "max_depth": 2}
+    adaptive = run_engine(_spec(smollm2, smollm2_prompts, adaptivespec=pinned))
+    skipping = run_engine(
+        _spec(smollm2, smollm2_prompts, adaptivespec=pinned, debug={"random_off": 7})
+    )
+    for run in (adaptive, skipping):
+        assert run["outputs"]["1"] == plain["outputs"]["1"]
+        assert run["outputs"]["4"] == plain["outputs"]["4"]
+        assert run["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+        assert run["metrics"]["vllm:adaptivespec_promoted_tokens"] == 0
+    depth_histogram = skipping["metrics"]["vllm:adaptivespec_draft_depth"]
+    assert depth_histogram["buckets"]["0.0"] > 0  # steps without speculation were taken
+    assert _accepted_per_draft_token(skipping["metrics"]) >= 0.9 * _accepted_per_draft_token(adaptive["metrics"])

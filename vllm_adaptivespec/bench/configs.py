@@ -16,6 +16,9 @@ TAU = "<tau>"  # replaced by each tau of the sweep
 
 KINDS = ("ar", "static", "ngram", "dynamic", "static-tree", "adaptivespec")
 STOCK_KINDS = ("static", "ngram", "dynamic")  # stock vLLM speculation, the references to beat
+# Every stock configuration that runs here: "best stock" is the best of all of them in one run, never
+# of a subset (the report prints no best-stock ratio for a run that lacks one of them).
+STOCK_SET = ("static-k1", "static-k2", "static-k3", "static-k4", "ngram", "dynamic")
 
 
 def _draft(k: int, **extra: Any) -> dict:
@@ -50,7 +53,9 @@ DYNAMIC_SCHEDULE = [[1, 1, 6], [2, 4, 4], [5, 1024, 2]]
 
 TABLE: tuple[Row, ...] = (
     Row("ar", "ar", None, about="autoregressive target, no speculation"),
+    Row("static-k1", "static", _draft(1), depth=1, about="vLLM draft-model speculation, k=1"),
     Row("static-k2", "static", _draft(2), depth=2, about="vLLM draft-model speculation, k=2"),
+    Row("static-k3", "static", _draft(3), depth=3, about="vLLM draft-model speculation, k=3"),
     Row("static-k4", "static", _draft(4), depth=4, about="vLLM draft-model speculation, k=4"),
     Row("static-k6", "static", _draft(6), depth=6, about="vLLM draft-model speculation, k=6"),
     Row("static-k8", "static", _draft(8), depth=8, about="vLLM draft-model speculation, k=8"),

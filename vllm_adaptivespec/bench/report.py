@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .configs import STOCK_KINDS, TABLE
+from .configs import STOCK_KINDS, STOCK_SET, TABLE
 from .results import cell_key, median, repeats_of
 
 # (pinned row, stock row of the same shape), compared side by side when both ran
@@ -20,8 +20,9 @@ PAIR_RATIOS = ("step_p50_ratio", "tokens_per_s_ratio")  # pinned / stock, per pa
 DEFINITIONS = """\
 - **tok/s**: generated tokens / wall-clock of the cell (all prompts, `batch` requests in flight, prefill included).
 - **x AR**, **x best static**, **x best stock**: tok/s over the autoregressive target's, over the fastest
-  static-k draft-model configuration's, and over the fastest stock vLLM speculation's (static k, n-gram,
-  dynamic), in the same run, workload, batch and temperature.
+  static-k draft-model configuration's, and over the fastest stock vLLM speculation's in the same run,
+  workload, batch and temperature; "best stock" is shown only when the run holds every stock
+  configuration (static k = 1..4, n-gram, dynamic), never for a subset.
 - **accept len**: mean tokens emitted per verification step (accepted draft tokens + 1), from vLLM's spec-decode counters.
 - **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
@@ -60,7 +61,8 @@ def derive(data: dict) -> None:
         statics = [c for c in cells if c.get("kind") == "static"]
         best = max(statics, key=lambda c: c["tokens_per_s"], default=None)
         stock = [c for c in cells if c.get("kind") in STOCK_KINDS]
-        best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None)
+        complete = set(STOCK_SET) <= {c["config"] for c in stock}
+        best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None) if complete else None
         ar_accuracy = (ar.get("accuracy") or {}).get("value") if ar else None
         for cell in cells:
             accuracy = (cell.get("accuracy") or {}).get("value")
@@ -164,6 +166,8 @@ def columns(data: dict) -> list[str]:
     some cell recorded one (None included: the plugin ran but exported no overhead counter)."""
     header = list(HEADER)
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
+    if not any((c.get("derived") or {}).get("best_stock") for c in cells):
+        header.remove("x best stock")  # the run lacks part of the stock set: no "best stock" to speak of
     if any((c.get("n_repeats") or 1) > 1 for c in cells):
         header.insert(header.index("tok/s") + 1, "tok/s spread")
         header.insert(header.index("step p50 ms") + 1, "p50 spread")
@@ -209,6 +213,7 @@ def markdown(data: dict) -> str:
         lines += [f"## {workload}, batch {batch}, temperature {temperature:g}", ""]
         lines += _table(header, [[_row(cell).get(column, "") for column in header] for cell in cells])
     lines += _paired_table(data.get("paired") or [])
+    lines += _hindsight_table(data)
     lines += _plugin_notes(data)
     lines += _repeat_notes(data)
     return "\n".join(lines).rstrip() + "\n"
@@ -240,6 +245,24 @@ def _paired_table(pairs: list[dict]) -> list[str]:
             "1 is what running the plugin adds to a step; overhead is the pinned row's share of step time in its own work.", "",
             *_table(["workload", "batch", "T", "pinned / stock", "step p50 ratio", "per round", "tok/s ratio",
                      "per round", "overhead"], rows)]
+
+
+def _hindsight_table(data: dict) -> list[str]:
+    """The policy against the best fixed depth and a per-step oracle, from the cell's own step records."""
+    cells = [c for c in data["cells"] if c.get("status") == "ok" and c.get("hindsight")]
+    if not cells:
+        return []
+    rows = [[c["workload"], str(c["batch"]), f"{c['temperature']:g}", f"`{c['config']}`",
+             _fmt(c["hindsight"]["policy"], 1),
+             f"{_fmt(c['hindsight']['best_fixed'], 1)} (k={c['hindsight']['best_fixed_depth']:g})",
+             _fmt(c["hindsight"]["oracle"], 1), _pct(c["hindsight"]["regret"], 1)]
+            for c in cells]
+    return ["## Policy vs hindsight", "",
+            "Tokens/s of the policy's own steps, of the best fixed depth and of a per-step oracle that knew each "
+            "draft's outcome, all priced by the engine's fitted step costs (`step_cost.hindsight`; a fully "
+            "accepted draft is credited no more for deeper chains, so deeper fixed depths are lower bounds). "
+            "Regret = 1 - policy / oracle.", "",
+            *_table(["workload", "batch", "T", "config", "policy", "best fixed", "oracle", "regret"], rows)]
 
 
 def _plugin_notes(data: dict) -> list[str]:

@@ -67,6 +67,22 @@ PRESETS: dict[str, dict] = {
         "budget_minutes": None,
         "repeats": 2,
     },
+    # Never slower than the choice it replaces: AdaptiveSpec (step plan, lossless and tau 0.5) against the
+    # target alone and every stock configuration that runs here (static k = 1..4, n-gram, vLLM's
+    # batch-size schedule), at batch 1 and 8, the same >= 1,500-token cells as "lean". About 5 minutes
+    # per configuration and round on 2 CPU cores (45 minutes a round).
+    "stock": {
+        "configs": ["ar", "static-k1", "static-k2", "static-k3", "static-k4", "ngram", "dynamic", "policy-only",
+                    "adaptive"],
+        "taus": [0.5],
+        "batches": [1, 8],
+        "temperatures": [0.0],
+        "humaneval_problems": LEAN_HUMANEVAL,
+        "general_limit": 16,
+        "max_tokens": {"humaneval": 160, "general": 128},
+        "budget_minutes": None,
+        "repeats": 2,
+    },
     # The whole matrix of the issue: all 164 problems, all prompts, both batch sizes and temperatures.
     "full": {
         "configs": ["all"],

@@ -142,6 +142,29 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
     }
 
 
+STEP_LOG = 1_000_000  # verification steps the engine keeps for the oracle (more than any cell takes)
+
+
+def _step_log(worker) -> dict:
+    """Runs in the worker (``collective_rpc``): the runner's AdaptiveSpec step records since the last call."""
+    return worker.model_runner.adaptivespec.take_step_log()
+
+
+def take_step_log(engine) -> dict:
+    return engine.collective_rpc(_step_log)[0]
+
+
+def hindsight_figures(log: dict) -> dict | None:
+    """The policy's throughput against the best fixed depth and a per-step oracle, all priced by the
+    engine's own fitted step costs (``step_cost.hindsight``); chains only (a tree's accepted path
+    says nothing about what another tree would have accepted)."""
+    from vllm_adaptivespec.step_cost import StepCosts, hindsight
+
+    if log.get("mode") != "chain":
+        return None
+    return hindsight(log["steps"], StepCosts.from_snapshot(log["costs"]), log["max_depth"])
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
@@ -158,7 +181,10 @@ def main(job_path: str, events_path: str) -> int:
         if config["speculative_config"]:
             extra["speculative_config"] = config["speculative_config"]
         if config["adaptivespec"]:
-            extra["additional_config"] = {"adaptivespec": config["adaptivespec"]}
+            extra["additional_config"] = {
+                "adaptivespec": config["adaptivespec"],
+                "adaptivespec_debug": {"record_steps": STEP_LOG},  # per-step records for the hindsight oracle
+            }
         engine_args = dict(job["engine"])
         engine_args["max_model_len"] = _fit_max_model_len(job["target"], engine_args["max_model_len"])
         llm = LLM(model=job["target"], disable_log_stats=False, **extra, **engine_args)
@@ -184,6 +210,8 @@ def main(job_path: str, events_path: str) -> int:
                 events.emit("progress", index=index, done=done, total=len(items))
 
             engine.reset_prefix_cache()  # every cell starts cold, whatever ran before it
+            if config["adaptivespec"]:
+                take_step_log(engine)  # drop the warm-up's and earlier cells' records
             before = snapshot(llm.get_metrics(), exact_counters())
             result = run_cell(engine, prompts, params, cell["batch"], on_done, job["stall_timeout_s"])
             counts = delta(before, snapshot(llm.get_metrics(), exact_counters()))
@@ -191,6 +219,7 @@ def main(job_path: str, events_path: str) -> int:
             result["adaptivespec"] = adaptivespec_figures(counts)
             if config["adaptivespec"]:
                 result.update(overhead_figures(counts, result["step_seconds_total"]))
+                result["hindsight"] = hindsight_figures(take_step_log(engine))
             for item, output in zip(items, result["outputs"], strict=True):
                 output["id"] = item["id"]
             events.emit("cell", index=index, result=result)

@@ -64,11 +64,25 @@ class AdaptiveProposerMixin:
                 mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings,
             )  # fmt: skip
         started = time.perf_counter()
+        state = self.adaptive_state
         if num_rejected_tokens_gpu is not None:
             common_attn_metadata, target_token_ids, target_positions, target_hidden_states = accepted_rows_only(
                 common_attn_metadata, num_rejected_tokens_gpu, target_token_ids, target_positions, target_hidden_states
             )
-        if self.adaptive_state.config.mode == "chain":
+        # A draft model can skip a step (no pass at all) and catch up at its next pass; an EAGLE head
+        # would need the target's hidden states of the skipped tokens, so it always runs its first pass.
+        can_skip = self.method == "draft_model"
+        if can_skip and state.drafter_off():
+            self._last_draft_probs = None
+            state.charge(started)
+            return [[] for _ in range(common_attn_metadata.batch_size())]
+        if can_skip:
+            common_attn_metadata, target_token_ids, target_positions, target_hidden_states = self._catch_up(
+                common_attn_metadata, target_token_ids, target_positions, target_hidden_states
+            )
+        # Where each request's rows end, read before vLLM's loop advances seq_lens in place.
+        seq_lens = common_attn_metadata.seq_lens[: common_attn_metadata.batch_size()].tolist()
+        if state.config.mode == "chain":
             drafts, passes = self._propose_chains(
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, common_attn_metadata, sampling_metadata, mm_embed_inputs,
@@ -78,8 +92,63 @@ class AdaptiveProposerMixin:
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, common_attn_metadata, mm_embed_inputs,
             )  # fmt: skip
-        self.adaptive_state.draft_cost.observe_draft(time.perf_counter() - started, passes)
+        state.drafter_caught_up(seq_lens)
+        state.observe_draft(time.perf_counter() - started, passes, drafts)
         return drafts
+
+    def _catch_up(self, attn, token_ids, positions, hidden_states):
+        """Prepend to each request's first-pass rows the tokens whose drafter KV is missing because
+        steps ran without a drafter pass (``AdaptiveState.drafter_lag``): their ids come from the
+        request's token history, their slots from its block table. Returns the inputs unchanged when
+        nothing is missing, or when the catch-up would not fit the drafter's buffers (the drafter then
+        attends over stale KV there: worse drafts, never wrong output)."""
+        start = attn.query_start_loc_cpu.long()
+        batch = start.shape[0] - 1
+        length = start[1:] - start[:-1]  # [B] rows per request
+        first = attn.seq_lens[:batch].cpu().long() - length  # [B] position of each request's first row
+        lag = torch.tensor(self.adaptive_state.drafter_lag(first.tolist()), dtype=torch.long)  # [B]
+        extra = int(lag.sum())
+        total = int(start[-1])
+        if extra == 0 or total + extra + batch > self.input_ids.shape[0]:
+            return attn, token_ids, positions, hidden_states
+        device = token_ids.device
+        new_start = torch.zeros_like(attn.query_start_loc_cpu)
+        new_start[1:] = torch.cumsum(length + lag, 0)
+        # Old row r of request i goes to new_start[i] + lag[i] + (r - start[i]); caught-up row j of
+        # request i (position first[i] - lag[i] + j) goes to new_start[i] + j.
+        kept = torch.repeat_interleave(new_start[:-1].long() + lag - start[:-1], length) + torch.arange(total)
+        request = torch.repeat_interleave(torch.arange(batch), lag)  # [extra]
+        offset = torch.arange(extra) - torch.repeat_interleave(torch.cumsum(lag, 0) - lag, lag)
+        position = first[request] - lag[request] + offset
+        caught = new_start[:-1].long()[request] + offset
+        history = self.adaptive_state.token_history(request.tolist(), position.tolist())
+        kept_d, caught_d, request_d, position_d = (t.to(device) for t in (kept, caught, request, position))
+
+        new_ids = token_ids.new_empty(total + extra)
+        new_ids[kept_d] = token_ids[:total]
+        new_ids[caught_d] = history.to(device=device, dtype=token_ids.dtype)
+        new_positions = positions.new_empty(total + extra)
+        new_positions[kept_d] = positions[:total]
+        new_positions[caught_d] = position_d.to(positions.dtype)
+        new_hidden = hidden_states.new_zeros(total + extra, hidden_states.shape[-1])  # unused by draft models
+        new_hidden[kept_d] = hidden_states[:total]
+        block_size = self.block_size
+        blocks = attn.block_table_tensor[request_d, position_d // block_size].long()
+        new_slots = attn.slot_mapping.new_empty(total + extra)
+        new_slots[kept_d] = attn.slot_mapping[:total]
+        new_slots[caught_d] = (blocks * block_size + position_d % block_size).to(new_slots.dtype)
+        caught_up = dataclasses.replace(
+            attn,
+            query_start_loc=new_start.to(device),
+            query_start_loc_cpu=new_start,
+            num_actual_tokens=total + extra,
+            max_query_len=int((length + lag).max()),
+            slot_mapping=new_slots,
+            positions=None if attn.positions is None else new_positions,
+            _num_computed_tokens_cache=None,
+            _token_to_req_indices_cache=None,
+        )
+        return caught_up, new_ids, new_positions, new_hidden
 
     def _propose_chains(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                         next_token_ids, common_attn_metadata, sampling_metadata, mm_embed_inputs):  # fmt: skip
@@ -114,7 +183,8 @@ class AdaptiveProposerMixin:
         tokens, _, confidence = top_candidates(logits, 1)
         shapes = self.adaptive_state.choose_shapes(confidence.cpu(), self.num_speculative_tokens)
         self._chain_depths = [shape.depth for shape in shapes]
-        self.num_speculative_tokens = max(self._chain_depths)  # vLLM's loop reads it after this call
+        # vLLM's loop reads it after this call (at least 1: its k = 1 exit reshapes by it; depth-0 rows are cut)
+        self.num_speculative_tokens = max(1, max(self._chain_depths, default=1))
         self.adaptive_state.charge(started)
         return tokens[:, 0], None
 

@@ -13,26 +13,33 @@ from vllm_adaptivespec.config import AdaptiveSpecConfig
 
 TAU_KEY = "adaptivespec_tau"
 LOSSLESS_KEY = "adaptivespec_lossless"
-_TRUE = {True, 1, "1", "true", "True", "yes"}
-_FALSE = {False, 0, "0", "false", "False", "no"}
+KNOWN_KEYS = (TAU_KEY, LOSSLESS_KEY)
 
 
 def request_tau(extra_args: Mapping[str, Any] | None, config: AdaptiveSpecConfig) -> float:
-    """The tau this request verifies with; raises ValueError with the key named when invalid."""
+    """The tau this request verifies with; raises ValueError with the key named when invalid.
+
+    ``adaptivespec_lossless``: true/false (or 1/0); ``adaptivespec_tau``: a number (not a string, not a
+    boolean, not NaN) in [min_request_tau, 1]. Any other key that starts with "adaptivespec" is a
+    misspelling and refused, so a client never believes a margin is set when none is."""
     args = extra_args or {}
+    unknown = [key for key in args if str(key).lower().startswith("adaptivespec") and key not in KNOWN_KEYS]
+    if unknown:
+        raise ValueError(
+            f"unknown AdaptiveSpec request key {unknown[0]!r}; known: {', '.join(KNOWN_KEYS)}"
+        )
     lossless = args.get(LOSSLESS_KEY, False)
-    if lossless not in _TRUE | _FALSE:
+    if lossless not in (True, False) or isinstance(lossless, float):  # bools and the ints 1 / 0
         raise ValueError(f"{LOSSLESS_KEY} must be true/false or 1/0 (got {lossless!r})")
-    if lossless in _TRUE:
+    if lossless:
         return 1.0
     if TAU_KEY not in args:
         return config.tau
     value = args[TAU_KEY]
-    try:
-        tau = float(value)
-    except (TypeError, ValueError):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{TAU_KEY} must be a number in [{config.min_request_tau}, 1] (got {value!r})")
-    if not config.min_request_tau <= tau <= 1.0:
+    tau = float(value)
+    if not config.min_request_tau <= tau <= 1.0:  # NaN fails this too
         raise ValueError(
             f"{TAU_KEY} must be in [{config.min_request_tau}, 1]: 1 is lossless, and this server "
             f"allows no looser margin than adaptivespec.min_request_tau={config.min_request_tau} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -21,6 +22,7 @@ from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
+from vllm_adaptivespec.step_cost import ConfidenceCalibration, StepCosts, plan_depths
 from vllm_adaptivespec.tree import DraftTrees
 
 
@@ -73,7 +75,14 @@ class Verification:
 
 
 class AdaptiveState:
-    def __init__(self, config: AdaptiveSpecConfig, runner: Any, random_shapes_seed: int | None = None):
+    def __init__(
+        self,
+        config: AdaptiveSpecConfig,
+        runner: Any,
+        random_shapes_seed: int | None = None,
+        random_off_seed: int | None = None,
+        record_steps: int = 0,
+    ):
         self.config = config
         self.policies = PolicyBank(config)
         self._runner = runner
@@ -83,36 +92,143 @@ class AdaptiveState:
         self.tree_step = None  # the scheduled trees of the step in flight (engine.tree_step.TreeStep)
         self.cost = VerifyCost()  # target forward time by query tokens, measured by the runner hooks
         self.draft_cost = DraftCost()  # drafter pass vs target forward, measured by the proposer and the hooks
+        self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
+        self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
+        self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
+        self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (skipped passes)
+        self.idle: dict[str, int] = {}  # steps in a row each request went without a draft
         self.forward_started: float | None = None
+        self._step_started: float | None = None
+        self._step_target_seconds = self._step_draft_seconds = 0.0
         self.step_outputs = None  # the target forward's hidden states and slot mappings of that step
-        # Debug knob: shapes drawn at random every step (exercises every tree layout and KV move).
+        # Debug knobs: shapes drawn at random every step (exercises every tree layout and KV move);
+        # speculation off for a whole step at random (exercises the drafter's catch-up).
         self._random_shapes = None if random_shapes_seed is None else random.Random(random_shapes_seed)
+        self._random_off = None if random_off_seed is None else random.Random(random_off_seed)
+        # Opt-in step log for the benchmark's hindsight oracle: per verification step, what each request
+        # drafted and had accepted, and how many drafter passes produced those drafts.
+        self.step_log: deque[dict] | None = deque(maxlen=record_steps) if record_steps > 0 else None
+        self._pending_passes = 0  # drafter passes of the last propose (0: it skipped the drafter)
+        self._pending_empty = False  # the last propose drafted nothing for anyone
 
     def request_ids(self) -> list[str]:
         return list(self._runner.input_batch.req_ids)
 
     def choose_shapes(self, confidence: torch.Tensor, node_ceiling: int) -> list[TreeShape]:
-        """Each batch row's tree shape this step, from its policy and its first-pass confidence;
-        at most ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the
-        measured verification cost says pay off (``VerifyCost.node_cap``), but never below
-        ``min_nodes`` (so a pinned shape stays pinned); depth priced by the measured drafter cost."""
+        """Each batch row's tree shape this step, from its first-pass confidence ``confidence`` [B].
+
+        Chains (unless pinned, see ``planned``): the batch step plan (``step_cost.plan_depths``) on the
+        measured step costs, depth 0 allowed; a request due a probe drafts at least ``min_depth``.
+        Trees, and chains until the cost model is measured: each request's policy, at most
+        ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the measured
+        verification cost says pay off (``VerifyCost.node_cap``), but never below ``min_nodes`` (so a
+        pinned shape stays pinned); depth priced by the measured drafter cost."""
         req_ids = self.request_ids()
         batch = len(req_ids)
+        for rid, c in zip(req_ids, confidence.tolist()):
+            self.confidence[rid] = c
+        measured = self.draft_cost.ratio() if self.config.measure_draft_cost else None
+        draft_cost = self.config.draft_cost if measured is None else measured
+        self.step.draft_cost = draft_cost
+        plan = None
+        if self._random_shapes is None and self.config.mode == "chain" and self.planned:
+            plan = plan_depths(
+                self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
+                min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off, first_pass_done=True,
+            )  # fmt: skip
         if self._random_shapes is not None:
             shapes = [self._random_shape(node_ceiling) for _ in req_ids]
+        elif plan is not None:
+            floor = min(self.config.min_depth, node_ceiling)
+            depths = [max(depth, floor) if self._must_probe(rid) else depth for rid, depth in zip(req_ids, plan.depths)]
+            shapes = [TreeShape(depth, 1, depth) for depth in depths]
         else:
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
             cap = min(node_ceiling, max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling)))
-            measured = self.draft_cost.ratio() if self.config.measure_draft_cost else None
-            draft_cost = self.config.draft_cost if measured is None else measured
-            self.step.draft_cost = draft_cost
             shapes = [
                 policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
                 for row, policy in enumerate(policies)
             ]
+        for rid, shape in zip(req_ids, shapes):
+            self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1
         self.step.add_depths(shape.depth for shape in shapes)
         return shapes
+
+    @property
+    def planned(self) -> bool:
+        """Whether the step plan sizes chains and may switch speculation off: not when the user pinned
+        the depth (``min_depth == max_depth``) or fixed the drafter's cost (``measure_draft_cost`` false)."""
+        return self.config.measure_draft_cost and self.config.min_depth != self.config.max_depth
+
+    def acceptance_estimates(self, req_ids: list[str], confidence: list[float] | None = None) -> list[float]:
+        """Each request's per-position acceptance estimate p_i for the step plan: its rolling history a_i,
+        fused with its calibrated drafter confidence once the first pass has given one:
+        p_i = w * cal(c_i) + (1 - w) * a_i, w = ``confidence_weight``."""
+        history = [self.policies[rid].acceptance_rate for rid in req_ids]
+        if confidence is None:
+            return history
+        w = self.config.confidence_weight
+        return [w * self.calibration(c) + (1.0 - w) * a for c, a in zip(confidence, history)]
+
+    def _must_probe(self, rid: str) -> bool:
+        """The request went ``probe_every`` steps without a draft: it drafts ``min_depth`` this step, to
+        refresh its acceptance estimate (the cost of looking)."""
+        return self.idle.get(rid, 0) >= self.config.probe_every
+
+    def drafter_off(self) -> bool:
+        """Whether this step runs no drafter pass at all: the step plan, priced before the first pass
+        on the requests' histories, drafts nothing, and no request is due a probe. Called by
+        draft-model proposers only (they can catch up later)."""
+        cfg = self.config
+        req_ids = self.request_ids()
+        if self._random_off is not None:  # debug knob: whatever the settings
+            off = self._random_off.random() < 0.5
+        elif not cfg.allow_off or not self.planned:
+            return False
+        else:
+            plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth)
+            off = plan is not None and plan.passes == 0 and not any(self._must_probe(rid) for rid in req_ids)
+        if off:
+            self._pending_passes, self._pending_empty = 0, True
+            for rid in req_ids:
+                self.idle[rid] = self.idle.get(rid, 0) + 1
+            self.step.add_depths([0] * len(req_ids))
+        return off
+
+    def drafter_lag(self, first_positions: list[int]) -> list[int]:
+        """Per batch row: positions before the row's first query token the drafter has no KV for."""
+        return [max(0, first - self.drafter_next.get(rid, first)) for rid, first in zip(self.request_ids(), first_positions)]
+
+    def token_history(self, rows: list[int], positions: list[int]) -> torch.Tensor:
+        """[n] token ids of batch row ``rows[j]`` at ``positions[j]`` (prompt and output alike)."""
+        return torch.from_numpy(self._runner.input_batch.token_ids_cpu[rows, positions].astype("int64"))
+
+    def drafter_caught_up(self, seq_lens: list[int]) -> None:
+        """The drafter's first pass covered every row up to ``seq_lens`` and the next token after it."""
+        for rid, seq in zip(self.request_ids(), seq_lens):
+            self.drafter_next[rid] = seq + 1
+
+    def begin_step(self) -> None:
+        """A new engine step starts: the last one's wall-clock, minus its target forward and drafter
+        passes, is the step's fixed cost."""
+        now = time.perf_counter()
+        if self._step_started is not None:
+            self.step_costs.observe_step(now - self._step_started, self._step_target_seconds, self._step_draft_seconds)
+        self._step_started, self._step_target_seconds, self._step_draft_seconds = now, 0.0, 0.0
+
+    def observe_target(self, num_tokens: int, seconds: float) -> None:
+        """The step's target forward over ``num_tokens`` query tokens took ``seconds``."""
+        self.cost.observe(num_tokens, seconds)
+        self.draft_cost.observe_target(seconds)
+        self._step_target_seconds += seconds
+
+    def observe_draft(self, seconds: float, passes: int, drafts: list[list[int]]) -> None:
+        """The step's drafter ran ``passes`` passes over ``len(drafts)`` requests in ``seconds``."""
+        self.draft_cost.observe_draft(seconds, passes)
+        self.step_costs.draft_pass.observe(len(drafts), seconds / max(1, passes))
+        self._step_draft_seconds += seconds
+        self._pending_passes, self._pending_empty = passes, not any(drafts)
 
     def _random_shape(self, node_ceiling: int) -> TreeShape:
         rng, cfg = self._random_shapes, self.config
@@ -169,11 +285,31 @@ class AdaptiveState:
                 ):
                     if drafted:
                         self.policies[rid].observe(depth, accepted, promoted)
+                        if rid in self.confidence:
+                            self.calibration.observe(self.confidence.pop(rid), accepted >= 1)
                 self.step.promoted += sum(done.num_promoted)
+                if self.step_log is not None:
+                    self.step_log.append({"drafted": list(done.num_draft_tokens), "accepted": list(done.num_accepted),
+                                          "passes": self._pending_passes})
             self.step.overhead_seconds += done.overhead_seconds
             self.charge(started)
         finally:
             self.verification = None
+
+    def record_plain_step(self, batch: int) -> None:
+        """A step verified no draft: logged when the last propose drafted nothing (speculation off, with
+        or without its first pass), not when the step was a prefill."""
+        if self.step_log is not None and self._pending_empty:
+            self.step_log.append({"drafted": [0] * batch, "accepted": [0] * batch, "passes": self._pending_passes})
+
+    def take_step_log(self) -> dict:
+        """The step records gathered since the last call, and the fitted step costs to price them with
+        (``step_cost.StepCosts.snapshot``); empty when recording is off."""
+        records = list(self.step_log or [])
+        if self.step_log is not None:
+            self.step_log.clear()
+        return {"steps": records, "costs": self.step_costs.snapshot(), "mode": self.config.mode,
+                "max_depth": self.config.max_depth}
 
     def charge(self, started: float) -> None:
         """Count the time since ``started`` (``time.perf_counter()``) as the plugin's own work."""
@@ -187,3 +323,6 @@ class AdaptiveState:
         for rid in req_ids:
             self.policies.free(rid)
             self.drafts.pop(rid, None)
+            self.confidence.pop(rid, None)
+            self.drafter_next.pop(rid, None)
+            self.idle.pop(rid, None)

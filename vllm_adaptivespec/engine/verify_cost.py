@@ -17,45 +17,11 @@ two buckets are measured the cap is the ceiling (the policy alone decides).
 
 from __future__ import annotations
 
-import math
+from vllm_adaptivespec.step_cost import BucketedTime, smoothed
 
 
-def _smoothed(old: float | None, new: float, smoothing: float) -> float:
-    """Exponential moving average step (the first observation is taken as is)."""
-    return new if old is None else old + smoothing * (new - old)
-
-
-class VerifyCost:
-    def __init__(self, smoothing: float = 0.2):
-        self.smoothing = smoothing
-        self._seconds: dict[int, float] = {}  # bucket (power of two) -> smoothed forward time
-
-    @staticmethod
-    def bucket(num_tokens: int) -> int:
-        return 1 << max(0, math.ceil(math.log2(max(1, num_tokens))))
-
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        """One target forward over ``num_tokens`` query tokens took ``seconds``."""
-        if num_tokens < 1 or not seconds > 0:
-            return
-        key = self.bucket(num_tokens)
-        old = self._seconds.get(key)
-        self._seconds[key] = _smoothed(old, seconds, self.smoothing)
-
-    def seconds(self, num_tokens: int) -> float | None:
-        """Estimated forward time for ``num_tokens``: linear between measured buckets, flat below the
-        smallest, proportional to the token count above the largest (compute bound there)."""
-        if len(self._seconds) < 2:
-            return None
-        points = sorted(self._seconds.items())
-        q = max(1, num_tokens)
-        if q <= points[0][0]:
-            return points[0][1]
-        for (q0, t0), (q1, t1) in zip(points, points[1:]):
-            if q <= q1:
-                return t0 + (t1 - t0) * (q - q0) / (q1 - q0)
-        top_q, top_t = points[-1]
-        return top_t * q / top_q
+class VerifyCost(BucketedTime):
+    """Target forward time by query tokens (``BucketedTime``), and the node cap it implies."""
 
     def node_cap(self, batch_size: int, acceptance: float, ceiling: int) -> int:
         """Per-request draft nodes that maximise expected tokens per second (``ceiling`` at most)."""
@@ -87,12 +53,12 @@ class DraftCost:
     def observe_draft(self, seconds: float, passes: int) -> None:
         """One propose call ran ``passes`` drafter forwards in ``seconds``."""
         if passes >= 1 and seconds > 0:
-            self._pass_seconds = _smoothed(self._pass_seconds, seconds / passes, self.smoothing)
+            self._pass_seconds = smoothed(self._pass_seconds, seconds / passes, self.smoothing)
 
     def observe_target(self, seconds: float) -> None:
         """One target forward took ``seconds``."""
         if seconds > 0:
-            self._target_seconds = _smoothed(self._target_seconds, seconds, self.smoothing)
+            self._target_seconds = smoothed(self._target_seconds, seconds, self.smoothing)
 
     def ratio(self) -> float | None:
         """Drafter pass / target forward, None until both were timed."""

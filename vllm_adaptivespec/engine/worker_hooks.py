@@ -49,13 +49,17 @@ def install() -> None:
             return original(self, vllm_config, *args, **kwargs)
         with proposer_swaps[0].applied(), proposer_swaps[1].applied():
             original(self, vllm_config, *args, **kwargs)
-        self.adaptivespec = AdaptiveState(config, self, debug_settings(vllm_config).get("random_shapes"))
+        debug = debug_settings(vllm_config)
+        self.adaptivespec = AdaptiveState(
+            config, self, debug.get("random_shapes"), debug.get("random_off"), debug.get("record_steps", 0)
+        )
         self.drafter.adaptive_state = self.adaptivespec
 
     @wrap(runner_cls, "_prepare_inputs", "lay out draft trees: depth positions, ancestor-mask attention plan")
     def _prepare_inputs(original, self, scheduler_output, *args, **kwargs):
         state = _state(self)
         if state is not None:
+            state.begin_step()
             state.forward_started = time.perf_counter()
         result = original(self, scheduler_output, *args, **kwargs)
         if state is not None:
@@ -71,6 +75,8 @@ def install() -> None:
     def _sample(original, self, logits, spec_decode_metadata, *args, **kwargs):
         state = _state(self)
         if state is None or spec_decode_metadata is None:
+            if state is not None:
+                state.record_plain_step(self.input_batch.num_reqs)
             return original(self, logits, spec_decode_metadata, *args, **kwargs)
         step, state.tree_step = state.tree_step, None
         trees = step.trees if step is not None else None
@@ -102,8 +108,7 @@ def install() -> None:
                 if executed.hidden_states.is_cuda:
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - state.forward_started
-                state.cost.observe(executed.scheduler_output.total_num_scheduled_tokens, elapsed)
-                state.draft_cost.observe_target(elapsed)
+                state.observe_target(executed.scheduler_output.total_num_scheduled_tokens, elapsed)
                 state.forward_started = None
             state.step_outputs = StepOutputs(
                 [executed.hidden_states, *(executed.aux_hidden_states or [])], executed.slot_mappings

@@ -1,0 +1,162 @@
+"""Batch step plan: against brute force over every depth vector, and the cost model's fitting."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_adaptivespec.step_cost import (
+    MIN_GAIN,
+    BucketedTime,
+    ConfidenceCalibration,
+    StepCosts,
+    hindsight,
+    plan_depths,
+)
+
+FAST = settings(max_examples=300, deadline=None, derandomize=True)
+
+
+def _costs(per_token: float, base: float, draft: float, fixed: float) -> StepCosts:
+    """Target forward base + per_token * q, measured at q = 1, 2, 4, ..., 64; drafter pass ``draft``."""
+    costs = StepCosts(smoothing=1.0)
+    for q in (1, 2, 4, 8, 16, 32, 64):
+        costs.target.observe(q, base + per_token * q)
+    costs.draft_pass.observe(1, draft)
+    costs.fixed = fixed
+    return costs
+
+
+def _rate(depths, p, costs, first_pass_done):
+    """E(d) / t(d) straight from the module docstring."""
+    batch = len(p)
+    emitted = batch + sum(sum(pi**k for k in range(1, d + 1)) for pi, d in zip(p, depths))
+    deepest = max(depths)
+    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_done else deepest)
+    seconds = costs.fixed + costs.target.seconds(batch + sum(depths)) + passes * costs.draft_pass.seconds(1, 1)
+    return emitted / seconds
+
+
+@FAST
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
+    st.integers(1, 4),
+    st.floats(0.0, 0.05),
+    st.floats(0.01, 1.0),
+    st.floats(0.001, 1.0),
+    st.floats(0.0, 0.5),
+    st.booleans(),
+)
+def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_token, base, draft, fixed, first):
+    costs = _costs(per_token, base, draft, fixed)
+    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_done=first)
+    best = max(
+        _rate(list(d), p, costs, first) for d in itertools.product(range(max_depth + 1), repeat=len(p))
+    )
+    assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, first), rel=1e-9)
+    assert plan.rate >= best / (1.0 + MIN_GAIN) - 1e-12
+    assert all(0 <= d <= max_depth for d in plan.depths)
+
+
+def test_speculation_off_when_the_drafter_cannot_pay():
+    # drafter pass 0.8 of a forward, 43% acceptance: plain decoding wins (the smollm2 pair's numbers)
+    costs = _costs(per_token=0.0, base=1.0, draft=0.8, fixed=0.05)
+    assert plan_depths([0.43] * 4, costs, 1, 8).depths == [0, 0, 0, 0]
+
+
+def test_deep_chains_when_drafting_is_cheap_and_accurate():
+    costs = _costs(per_token=0.0, base=1.0, draft=0.02, fixed=0.05)  # an EAGLE head, verification free
+    assert min(plan_depths([0.95] * 2, costs, 1, 8).depths) >= 6
+
+
+def test_compute_bound_batch_drafts_less_than_a_memory_bound_one():
+    p = [0.7] * 8
+    free = plan_depths(p, _costs(0.0, 1.0, 0.3, 0.05), 1, 8)
+    bound = plan_depths(p, _costs(0.2, 0.2, 0.3, 0.05), 1, 8)  # every query token costs a fifth of a forward
+    assert sum(bound.depths) < sum(free.depths)
+
+
+def test_one_deep_request_does_not_make_the_batch_pay_for_its_passes():
+    # 7 unsure requests and one sure one: the sure one's depth is limited by the whole batch's pass cost
+    costs = _costs(per_token=0.0, base=1.0, draft=0.3, fixed=0.05)
+    alone = plan_depths([0.95], costs, 1, 8).depths[0]
+    together = plan_depths([0.95] + [0.1] * 7, costs, 1, 8).depths
+    assert together[0] <= alone
+
+
+def test_min_depth_raises_and_allow_off_false_forces_drafting():
+    costs = _costs(per_token=0.0, base=1.0, draft=0.8, fixed=0.05)
+    assert plan_depths([0.43, 0.43], costs, 3, 3, allow_off=False).depths == [3, 3]
+    cheap = _costs(per_token=0.0, base=1.0, draft=0.01, fixed=0.05)
+    assert all(d == 0 or d >= 4 for d in plan_depths([0.3, 0.9], cheap, 4, 8).depths)
+
+
+def test_no_plan_until_measured():
+    costs = StepCosts()
+    assert plan_depths([0.5], costs, 1, 4) is None
+    costs.target.observe(1, 1.0)
+    costs.draft_pass.observe(1, 0.3)
+    assert plan_depths([0.5], costs, 1, 4) is None  # one target bucket: no slope yet
+    costs.target.observe(8, 1.2)
+    assert plan_depths([0.5], costs, 1, 4) is not None
+
+
+def test_bucketed_time_interpolates_and_extrapolates():
+    t = BucketedTime(smoothing=1.0)
+    t.observe(4, 1.0)
+    assert t.seconds(100) is None and t.seconds(100, min_points=1) == 1.0
+    t.observe(16, 2.0)
+    assert t.seconds(2) == 1.0  # flat below
+    assert t.seconds(10) == pytest.approx(1.5)  # linear between
+    assert t.seconds(32) == pytest.approx(4.0)  # proportional above
+
+
+def test_fixed_cost_ignores_idle_gaps():
+    costs = StepCosts(smoothing=1.0)
+    costs.observe_step(1.2, 0.9, 0.2)
+    assert costs.fixed == pytest.approx(0.1)
+    costs.observe_step(30.0, 0.9, 0.2)  # the engine waited for requests
+    assert costs.fixed == pytest.approx(0.1)
+
+
+def test_calibration_reads_a_saturated_confidence_as_its_observed_acceptance():
+    cal = ConfidenceCalibration(prior_weight=8.0)
+    assert cal(0.95) == pytest.approx(0.95)  # no evidence: the raw confidence
+    for i in range(200):
+        cal.observe(0.99, first_accepted=i % 2 == 0)
+    assert cal(0.99) == pytest.approx(0.5, abs=0.03)
+    assert cal(0.5) == pytest.approx(0.5)  # other bins untouched
+
+
+def test_hindsight_prices_policy_fixed_depths_and_oracle_alike():
+    costs = _costs(per_token=0.1, base=1.0, draft=0.3, fixed=0.0)
+    # Two steps, one request each: a draft of 2 fully accepted, then a draft of 3 cut after 1.
+    records = [{"drafted": [2], "accepted": [2], "passes": 2}, {"drafted": [3], "accepted": [1], "passes": 3}]
+    result = hindsight(records, costs, max_depth=3)
+    t = costs.target.seconds
+    policy = (3 + 2) / ((t(3) + 0.6) + (t(4) + 0.9))
+    assert result["policy"] == pytest.approx(policy)
+    k1 = (2 + 2) / (2 * (t(2) + 0.3))  # depth 1 accepts 1 token in both steps
+    assert result["fixed"][1] == pytest.approx(k1)
+    assert result["fixed"][0] == pytest.approx(2 / (2 * t(1)))
+    # The oracle: step 1 drafts its 2 sure tokens, step 2 its 1, or less where that pays; brute force:
+    best = 0.0
+    for g1 in range(3):
+        for d1 in range(g1, 4):
+            for g2 in range(2):
+                for d2 in range(g2, 4):
+                    if (g1 and not d1) or (g2 and not d2):
+                        continue
+                    rate = (2 + g1 + g2) / (t(1 + g1) + 0.3 * d1 + t(1 + g2) + 0.3 * d2)
+                    best = max(best, rate)
+    assert result["oracle"] == pytest.approx(best)
+    assert result["regret"] == pytest.approx(1 - policy / best)
+    assert result["oracle"] >= max(result["fixed"]) - 1e-12 and result["oracle"] >= result["policy"] - 1e-12
+
+
+def test_hindsight_needs_records_and_a_fitted_model():
+    assert hindsight([], _costs(0.0, 1.0, 0.3, 0.0), 4) is None
+    assert hindsight([{"drafted": [1], "accepted": [1], "passes": 1}], StepCosts(), 4) is None

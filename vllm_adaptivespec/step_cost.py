@@ -1,0 +1,268 @@
+"""Batch-level step plan: how many drafter passes a step runs and how many draft tokens each request
+verifies, priced by a step-cost model fitted online on the hardware at hand.
+
+Cost model (``StepCosts``), all three terms measured by the engine every step:
+
+    t_target(q)  target forward over q query tokens: a smoothed time per power-of-two bucket of q,
+                 linear in between, flat below the smallest bucket, proportional to q above the
+                 largest (compute bound there); needs two buckets
+    t_pass(r)    one drafter pass over r rows, bucketed the same way (one bucket suffices: flat)
+    t_fixed      the rest of a step (scheduling, sampling, output processing): the step's wall-clock
+                 minus its target forward and its drafter passes
+
+A step with B requests, request i verifying d_i draft tokens (0 = no speculation for it), costs
+
+    t(d) = t_fixed + t_target(B + sum_i d_i) + passes(D) * t_pass(B),   D = max_i d_i
+    passes(D) = D                 when planning before the drafter's first pass (it drafts level 1)
+              = max(D - 1, 0)     once the first pass has run (its cost is sunk)
+    passes(0) = 0                 no drafter pass at all
+
+and emits, with p_i the request's per-position acceptance estimate (a chance, calibrated),
+
+    E(d) = B + sum_i (p_i + p_i^2 + ... + p_i^d_i)
+
+``plan_depths`` returns the d maximising E(d) / t(d), searched exactly for unconstrained depths:
+for each D in 0..max_depth, the best d with max d_i <= D takes the N largest marginal gains p_i^k
+(k <= D) for some N, because t depends on d only through sum d_i (and D) and p_i^k falls with k,
+so the N largest gains are a prefix of each request's chain; all N are tried. Then the user's
+floor applies: a request that drafts drafts at least ``min_depth`` (raised, not dropped), and with
+``allow_off`` false every request drafts at least ``min_depth``. A plan must beat the next smaller D
+by ``MIN_GAIN`` to be chosen, so equal rates keep the cheaper step (and plain decoding).
+
+Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
+
+
+def smoothed(old: float | None, new: float, smoothing: float) -> float:
+    """Exponential moving average step (the first observation is taken as is)."""
+    return new if old is None else old + smoothing * (new - old)
+
+
+class BucketedTime:
+    """Seconds of an operation as a function of its size, smoothed per power-of-two bucket of size."""
+
+    def __init__(self, smoothing: float = 0.2):
+        self.smoothing = smoothing
+        self._seconds: dict[int, float] = {}  # bucket -> smoothed seconds
+
+    @staticmethod
+    def bucket(size: int) -> int:
+        return 1 << max(0, math.ceil(math.log2(max(1, size))))
+
+    def observe(self, size: int, seconds: float) -> None:
+        if size < 1 or not seconds > 0:
+            return
+        key = self.bucket(size)
+        self._seconds[key] = smoothed(self._seconds.get(key), seconds, self.smoothing)
+
+    def points(self) -> int:
+        return len(self._seconds)
+
+    def seconds(self, size: int | np.ndarray, min_points: int = 2):
+        """Estimated seconds for ``size`` (an int or an array of them): linear between measured
+        buckets, flat below the smallest, proportional to size above the largest; None with fewer
+        than ``min_points`` buckets measured (one bucket: flat everywhere)."""
+        if len(self._seconds) < max(1, min_points):
+            return None
+        points = sorted(self._seconds.items())
+        xs = np.array([q for q, _ in points], dtype=np.float64)
+        ys = np.array([t for _, t in points], dtype=np.float64)
+        q = np.maximum(1.0, np.asarray(size, dtype=np.float64))
+        out = np.interp(q, xs, ys)
+        if len(points) > 1:
+            out = np.where(q > xs[-1], ys[-1] * q / xs[-1], out)
+        return float(out) if np.ndim(out) == 0 else out
+
+
+class StepCosts:
+    """The fitted step-cost model of the module docstring."""
+
+    def __init__(self, smoothing: float = 0.2, target: BucketedTime | None = None):
+        self.target = target if target is not None else BucketedTime(smoothing)  # by query tokens of the forward
+        self.draft_pass = BucketedTime(smoothing)  # by rows of the pass
+        self.fixed: float | None = None
+        self.smoothing = smoothing
+
+    def observe_step(self, seconds: float, target_seconds: float, draft_seconds: float) -> None:
+        """One whole step took ``seconds``, of which the target forward and the drafter passes took
+        the other two; the rest is the fixed cost (a step much longer than its parts, e.g. an idle
+        wait for requests, is not a step's cost and is ignored)."""
+        rest = seconds - target_seconds - draft_seconds
+        if rest < 0 or seconds > 3.0 * (target_seconds + draft_seconds) + 0.05:
+            return
+        self.fixed = smoothed(self.fixed, rest, self.smoothing)
+
+    def snapshot(self) -> dict:
+        """The fitted model as plain numbers: {"target": {bucket: s}, "draft_pass": {bucket: s}, "fixed": s}."""
+        return {"target": dict(self.target._seconds), "draft_pass": dict(self.draft_pass._seconds), "fixed": self.fixed}
+
+    @classmethod
+    def from_snapshot(cls, snapshot: dict) -> StepCosts:
+        costs = cls()
+        costs.target._seconds = {int(k): float(v) for k, v in snapshot["target"].items()}
+        costs.draft_pass._seconds = {int(k): float(v) for k, v in snapshot["draft_pass"].items()}
+        costs.fixed = snapshot["fixed"]
+        return costs
+
+    def ready(self) -> bool:
+        """Enough is measured to plan: two target buckets and one drafter bucket."""
+        return self.target.points() >= 2 and self.draft_pass.points() >= 1
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    depths: list[int]  # d_i per request
+    rate: float  # expected tokens per second of the plan
+    plain_rate: float  # expected tokens per second without speculation
+
+    @property
+    def passes(self) -> int:
+        return max(self.depths, default=0)
+
+
+def plan_depths(
+    acceptance: Sequence[float],
+    costs: StepCosts,
+    min_depth: int,
+    max_depth: int,
+    allow_off: bool = True,
+    first_pass_done: bool = False,
+) -> StepPlan | None:
+    """The plan of the module docstring for requests with per-position acceptance ``acceptance``;
+    None while the cost model is not ready."""
+    if not costs.ready() or not acceptance:
+        return None
+    p = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0)
+    batch = p.shape[0]
+    fixed = costs.fixed or 0.0
+    pass_seconds = costs.draft_pass.seconds(batch, min_points=1)
+    plain_rate = batch / (fixed + costs.target.seconds(batch))
+    best_depths, best_rate = np.zeros(batch, dtype=np.int64), plain_rate
+    for depth in range(1, max_depth + 1):
+        gains = p[:, None] ** np.arange(1, depth + 1)[None, :]  # [B, D] marginal gain of the k-th token
+        order = np.argsort(-gains.reshape(-1), kind="stable")
+        total = batch + np.cumsum(gains.reshape(-1)[order])  # E for N = 1..B*D
+        n = np.arange(1, batch * depth + 1)
+        passes = max(depth - 1, 0) if first_pass_done else depth
+        rates = total / (fixed + costs.target.seconds(batch + n) + passes * pass_seconds)
+        pick = int(np.argmax(rates))
+        if rates[pick] > best_rate * (1.0 + MIN_GAIN):
+            best_rate = float(rates[pick])
+            best_depths = np.bincount(order[: pick + 1] // depth, minlength=batch)
+    depths = best_depths
+    if not allow_off:
+        depths = np.maximum(depths, min_depth)
+    depths = np.where((depths > 0) & (depths < min_depth), min_depth, depths)
+    depths = np.minimum(depths, max_depth)
+    return StepPlan([int(d) for d in depths], best_rate, plain_rate)
+
+
+class ConfidenceCalibration:
+    """What the drafter's top-1 confidence is worth: the observed acceptance of the first draft
+    position per confidence bin, shrunk toward the raw confidence while a bin has few observations:
+
+        cal(c) = (accepted_bin + prior_weight * c) / (judged_bin + prior_weight)
+
+    so a saturated confidence (~1 on code) is read as the acceptance it has actually earned."""
+
+    def __init__(self, bins: int = 10, prior_weight: float = 8.0):
+        self.bins = bins
+        self.prior_weight = prior_weight
+        self.judged = np.zeros(bins)
+        self.accepted = np.zeros(bins)
+
+    def _bin(self, confidence: float) -> int:
+        c = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
+        return min(self.bins - 1, int(c * self.bins))
+
+    def observe(self, confidence: float, first_accepted: bool) -> None:
+        b = self._bin(confidence)
+        self.judged[b] += 1
+        self.accepted[b] += float(first_accepted)
+
+    def __call__(self, confidence: float) -> float:
+        c = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
+        b = self._bin(c)
+        return float((self.accepted[b] + self.prior_weight * c) / (self.judged[b] + self.prior_weight))
+
+
+def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | None:
+    """The policy's throughput against hindsight, all priced by the same fitted ``costs``.
+
+    ``records``: one per verification step, ``{"drafted": [d_i], "accepted": [a_i], "passes": n}`` (n =
+    drafter passes that produced the drafts; 0 = the step ran without the drafter). With hindsight a
+    request whose draft was cut at a_i < d_i accepts exactly min(a_i, k) of any depth-k chain (the
+    drafter's chain is the same prefix); one whose whole draft was accepted (a_i = d_i) is credited
+    a_i for deeper chains too, a lower bound, since what lay beyond its draft is unknown.
+
+        policy      sum_s (B + sum_i a_i) / sum_s (t_fixed + t_target(B + sum_i d_i) + n_s t_pass(B))
+        fixed k     every step drafts k for every request: B + sum_i min(a_i, k) tokens for
+                    t_fixed + t_target(B + B k) + k t_pass(B); the best k over 0..max_depth
+        oracle      every step chooses its depth cap D and how many of the sure tokens
+                    G <= sum_i min(a_i, D) to verify: B + G tokens for
+                    t_fixed + t_target(B + G) + D t_pass(B) (no pass when D = 0), each step's choice
+                    maximising the run's tokens per second (Dinkelbach: tokens - lambda * time per step,
+                    lambda iterated to the run's rate)
+        regret      1 - policy / oracle
+
+    Returns {"policy", "best_fixed", "best_fixed_depth", "fixed", "oracle", "regret", "steps"}
+    (rates in tokens per second), or None when there is nothing to judge."""
+    if not records or not costs.ready():
+        return None
+    fixed = costs.fixed or 0.0
+    policy_tokens = policy_time = 0.0
+    fixed_tokens = np.zeros(max_depth + 1)
+    fixed_time = np.zeros(max_depth + 1)
+    options = []  # per step: (tokens [m], time [m]) of the oracle's candidate choices
+    depths = np.arange(max_depth + 1)
+    for record in records:
+        drafted = np.asarray(record["drafted"], dtype=np.int64)
+        accepted = np.asarray(record["accepted"], dtype=np.int64)
+        batch = drafted.shape[0]
+        if batch == 0:
+            continue
+        pass_seconds = costs.draft_pass.seconds(batch, min_points=1)
+        policy_tokens += batch + accepted.sum()
+        policy_time += fixed + costs.target.seconds(batch + drafted.sum()) + record["passes"] * pass_seconds
+        sure = np.minimum(accepted[None, :], depths[:, None]).sum(1)  # [D+1] sure tokens at cap D
+        fixed_tokens += batch + sure
+        fixed_time += fixed + costs.target.seconds(batch + batch * depths) + depths * pass_seconds
+        tokens, time = [], []
+        for cap in range(max_depth + 1):
+            g = np.arange(sure[cap] + 1)
+            tokens.append(batch + g)
+            time.append(fixed + costs.target.seconds(batch + g) + cap * pass_seconds)
+        options.append((np.concatenate(tokens), np.concatenate(time)))
+    if policy_time <= 0:
+        return None
+    rate = policy_tokens / policy_time
+    for _ in range(20):  # Dinkelbach iterations: converge in a few
+        picks = [int(np.argmax(t - rate * s)) for t, s in options]
+        total_tokens = sum(float(t[p]) for (t, _), p in zip(options, picks))
+        total_time = sum(float(s[p]) for (_, s), p in zip(options, picks))
+        new_rate = total_tokens / total_time
+        if abs(new_rate - rate) <= 1e-12 * rate:
+            break
+        rate = new_rate
+    fixed_rates = fixed_tokens / fixed_time
+    best_k = int(np.argmax(fixed_rates))
+    policy = policy_tokens / policy_time
+    return {
+        "policy": policy,
+        "fixed": [float(r) for r in fixed_rates],
+        "best_fixed": float(fixed_rates[best_k]),
+        "best_fixed_depth": best_k,
+        "oracle": rate,
+        "regret": 1.0 - policy / rate,
+        "steps": len(options),
+    }
