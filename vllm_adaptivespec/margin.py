@@ -231,7 +231,8 @@ def verify_greedy_chains(
         ratio = (token_logit - top_logit).double().exp()
         promotable = ~ok & can_promote[request] & (ratio >= tau.to(device, torch.float64)[request])
         per_request = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, promotable.long())
-        used = torch.cumsum(promotable.long(), 0) - (torch.cumsum(per_request, 0) - per_request)[request]  # within its chain
+        before = torch.cumsum(per_request, 0) - per_request  # [B] promotable drafts of earlier requests
+        used = torch.cumsum(promotable.long(), 0) - before[request]  # [T] promotions so far within its chain
         promoted = promotable & (used <= promotion_allowance.to(device)[request])
         ok = ok | promoted
     # Accepted = index of the first draft that is not ok (the chain's length when all are).

@@ -58,7 +58,7 @@ def test_pinned_rows_are_lossless_adaptivespec_in_their_stock_twins_shape():
         pinned, stock = by_name[f"pinned-k{k}"], by_name[f"static-k{k}"]
         assert pinned.kind == "adaptivespec" and pinned.depth == k and pinned.tau == 1.0
         assert pinned.speculative_config == stock.speculative_config  # the same drafter and k: only the plugin differs
-        assert pinned.adaptivespec == {"tau": 1.0, "min_depth": k, "max_depth": k}
+        assert pinned.adaptivespec == {"tau": 1.0, "min_depth": k, "max_depth": k, "min_nodes": k}  # no node cap below k
         settings = AdaptiveSpecConfig.parse(pinned.adaptivespec)
         assert settings.lossless and settings.measure_draft_cost and settings.min_depth == settings.max_depth == k
         row = next(r for r in TABLE if r.name == f"pinned-k{k}")

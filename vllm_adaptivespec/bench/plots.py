@@ -121,9 +121,10 @@ def speed_by_config(data: dict, path: Path) -> Path | None:
             cell = cells[name]
             vs_ar = (cell.get("derived") or {}).get("speedup_vs_ar")
             spec = cell.get("spec") or {}
-            label = " " + (f"{vs_ar:.2f}x" if vs_ar is not None else "")
+            parts = [f"{vs_ar:.2f}x"] if vs_ar is not None else []
             if spec.get("mean_acceptance_length") is not None:
-                label += f", len {spec['mean_acceptance_length']:.1f}/{spec.get('draft_tokens_per_step') or 0:.1f}"
+                parts.append(f"len {spec['mean_acceptance_length']:.1f}/{spec.get('draft_tokens_per_step') or 0:.1f}")
+            label = " " + ", ".join(parts)
             ax.text(cell["tokens_per_s"], y, label, va="center", fontsize="x-small")
         ax.set_xlim(0, max(speeds) * 1.45)
         ax.set_xlabel("output tokens/s")

@@ -23,6 +23,19 @@ TREE_HUMANEVAL = [3, 8, 11, 12, 31, 55, 58, 150]
 LEAN_HUMANEVAL = sorted(TREE_HUMANEVAL + [1, 6, 19, 20, 32, 39, 59, 75, 94, 99, 105, 106, 107, 108, 114, 118,
                                           119, 123, 127, 130, 143, 146, 147, 161])
 
+# Cells of at least 1,500 output tokens, batch 1 and 8, greedy, two interleaved rounds: 32 problems
+# (2,133 tokens a cell with qwen-coder; answers stop at the closing fence) and 16 general prompts
+# (1,965 tokens), measured.
+LONG_CELLS = {
+    "batches": [1, 8],
+    "temperatures": [0.0],
+    "humaneval_problems": LEAN_HUMANEVAL,
+    "general_limit": 16,
+    "max_tokens": {"humaneval": 160, "general": 128},
+    "budget_minutes": None,
+    "repeats": 2,
+}
+
 PRESETS: dict[str, dict] = {
     # AdaptiveSpec against its references at batch 1, greedy, one tau, short answers. Sized for the
     # qwen-coder pair on 2 CPU cores: 1.5-3.5 minutes per configuration measured on the shared, busy
@@ -53,35 +66,21 @@ PRESETS: dict[str, dict] = {
     },
     # The plugin's own cost: AdaptiveSpec pinned to static-k2's and static-k4's shape, each run right after
     # its stock twin, plus the fixed tree; two interleaved rounds (A B C A B C) so each cell has a spread
-    # and each pair a per-round ratio. At least 1,500 output tokens per cell: 32 problems (~1,700-2,400
-    # tokens, answers stop at the closing fence) and 16 general prompts (2,048 tokens at most; earlier runs
-    # hit their limit every time, and ~1,800 even if the two summaries and a word problem stop at 50).
+    # and each pair a per-round ratio. At least 1,500 output tokens per cell (LONG_CELLS).
     "lean": {
         "configs": ["static-k2", "pinned-k2", "static-k4", "pinned-k4", "static-tree"],
         "taus": [],
-        "batches": [1, 8],
-        "temperatures": [0.0],
-        "humaneval_problems": LEAN_HUMANEVAL,
-        "general_limit": 16,
-        "max_tokens": {"humaneval": 160, "general": 128},
-        "budget_minutes": None,
-        "repeats": 2,
+        **LONG_CELLS,
     },
     # Never slower than the choice it replaces: AdaptiveSpec (step plan, lossless and tau 0.5) against the
     # target alone and every stock configuration that runs here (static k = 1..4, n-gram, vLLM's
-    # batch-size schedule), at batch 1 and 8, the same >= 1,500-token cells as "lean". About 5 minutes
-    # per configuration and round on 2 CPU cores (45 minutes a round).
+    # batch-size schedule), on the same cells as "lean". About 5 minutes per configuration and round on
+    # 2 CPU cores (45 minutes a round).
     "stock": {
         "configs": ["ar", "static-k1", "static-k2", "static-k3", "static-k4", "ngram", "dynamic", "policy-only",
                     "adaptive"],
         "taus": [0.5],
-        "batches": [1, 8],
-        "temperatures": [0.0],
-        "humaneval_problems": LEAN_HUMANEVAL,
-        "general_limit": 16,
-        "max_tokens": {"humaneval": 160, "general": 128},
-        "budget_minutes": None,
-        "repeats": 2,
+        **LONG_CELLS,
     },
     # The whole matrix of the issue: all 164 problems, all prompts, both batch sizes and temperatures.
     "full": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_adaptivespec.engine.metrics import add_step_stats
 from vllm_adaptivespec.engine.patching import wrap
@@ -17,6 +18,9 @@ def install() -> None:
             return outputs
         for engine_core_outputs in outputs.values():
             stats = engine_core_outputs.scheduler_stats
-            if stats is not None and stats.spec_decoding_stats is not None:
-                add_step_stats(stats.spec_decoding_stats, step)
+            if stats is None:
+                continue
+            if stats.spec_decoding_stats is None:  # a step that verified no draft still chose depths (0s too)
+                stats.spec_decoding_stats = SpecDecodingStats.new(self.num_spec_tokens)
+            add_step_stats(stats.spec_decoding_stats, step)
         return outputs

@@ -55,23 +55,19 @@ def margin_rejection_sample(
 ) -> torch.Tensor:
     """[batch_size, max_spec_len + 1] int32 output tokens, placeholder-padded (vLLM's layout)."""
     verification = _active
-    if verification is None:
-        return _stock_rejection_sample(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-            target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
-        )  # fmt: skip
-    started = time.perf_counter()
-    if verification.trees is None and not verification.may_promote():
+    if verification is None or (verification.trees is None and not verification.may_promote()):
         output = _stock_rejection_sample(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
         )  # fmt: skip
-        stock_done = time.perf_counter()
-        num_accepted = ((output != _PLACEHOLDER).sum(1) - 1).clamp(min=0)  # accepted drafts + one next token
-        verification.num_accepted = num_accepted.tolist()
-        verification.num_promoted = [0] * len(num_draft_tokens)
-        verification.overhead_seconds += time.perf_counter() - stock_done
+        if verification is not None:  # strict chains: read the accepted counts off vLLM's output
+            started = time.perf_counter()
+            num_accepted = ((output != _PLACEHOLDER).sum(1) - 1).clamp(min=0)  # accepted drafts + one next token
+            verification.num_accepted = num_accepted.tolist()
+            verification.num_promoted = [0] * len(num_draft_tokens)
+            verification.overhead_seconds += time.perf_counter() - started
         return output
+    started = time.perf_counter()
     if verification.trees is None and sampling_metadata.all_greedy:
         result = verify_greedy_chains(
             draft_token_ids, target_logits, torch.tensor(num_draft_tokens), bonus_token_ids, max_spec_len,

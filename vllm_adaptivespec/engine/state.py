@@ -182,6 +182,8 @@ class AdaptiveState:
         draft-model proposers only (they can catch up later)."""
         cfg = self.config
         req_ids = self.request_ids()
+        if not self.drafter_has_read_prompts(req_ids):
+            return False
         if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
         elif not cfg.allow_off or not self.planned:
@@ -196,9 +198,19 @@ class AdaptiveState:
             self.step.add_depths([0] * len(req_ids))
         return off
 
+    def drafter_has_read_prompts(self, req_ids: list[str]) -> bool:
+        """Every request's prompt is fully prefilled and its drafter has run a first pass over it since: only
+        then may a step skip the drafter (a skipped prefill would leave a hole the lag cannot see)."""
+        batch = self._runner.input_batch
+        for row, rid in enumerate(req_ids):
+            if rid not in self.drafter_next or self.drafter_next[rid] <= batch.num_prompt_tokens[row]:
+                return False
+        return True
+
     def drafter_lag(self, first_positions: list[int]) -> list[int]:
         """Per batch row: positions before the row's first query token the drafter has no KV for."""
-        return [max(0, first - self.drafter_next.get(rid, first)) for rid, first in zip(self.request_ids(), first_positions)]
+        missing_from = [self.drafter_next.get(rid, first) for rid, first in zip(self.request_ids(), first_positions)]
+        return [max(0, first - start) for first, start in zip(first_positions, missing_from)]
 
     def token_history(self, rows: list[int], positions: list[int]) -> torch.Tensor:
         """[n] token ids of batch row ``rows[j]`` at ``positions[j]`` (prompt and output alike)."""
