@@ -36,14 +36,21 @@ def test_tiny_run_of_three_configurations(tiny_pair, tmp_path, monkeypatch):
         if config == "ar":
             assert cell["spec"]["num_drafts"] == 0 and cell["spec"]["mean_acceptance_length"] == 1.0
         else:
-            # The drafter is the target's first layer of a model built to agree with it often.
-            assert cell["spec"]["mean_acceptance_length"] > 1.2
             if config == "static-k2":
+                # The drafter is the target's first layer of a model built to agree with it often.
+                assert cell["spec"]["mean_acceptance_length"] > 1.2
                 assert cell["spec"]["draft_tokens_per_step"] == 2.0
             else:  # trees sized per step; the plugin's own metrics reach the results
-                assert cell["spec"]["draft_tokens_per_step"] >= 1.0
-                assert cell["adaptivespec"]["draft_depth"]["count"] > 0
-                assert cell["adaptivespec"]["draft_cost"]["value"] > 0
+                depth = cell["adaptivespec"]["draft_depth"]
+                draft_cost = cell["adaptivespec"]["draft_cost"]["value"]
+                assert depth["count"] > 0 and draft_cost > 0
+                if draft_cost >= 1.0:
+                    # At this size a drafter pass measures as dear as a target forward: the step plan switches
+                    # speculation off (depth 0) for most steps, drafting only where it may not skip (after
+                    # prefill).
+                    assert depth["buckets"]["0.0"] >= 0.5 * depth["count"]
+                else:
+                    assert cell["spec"]["mean_acceptance_length"] > 1.2 and cell["spec"]["draft_tokens_per_step"] >= 1
             assert cell["derived"]["best_static"] == "static-k2"
             assert cell["derived"]["speedup_vs_ar"] > 0
             # Exact verification at temperature 0: answers match the target's (bf16 ties aside).
