@@ -88,8 +88,9 @@ class AdaptiveSpecConfig(BaseModel):
         16,
         ge=1,
         le=1_000_000,
-        description="After this many steps in a row with speculation off, one step drafts min_depth anyway, "
-        "to refresh the acceptance estimates (the cost of looking).",
+        description="After this many steps in a row with speculation off, one step drafts min_depth anyway for "
+        "every request that went that long without a draft, to refresh the acceptance estimates (the cost of "
+        "looking).",
     )
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(

@@ -97,6 +97,8 @@ class AdaptiveState:
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
         self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (skipped passes)
         self.idle: dict[str, int] = {}  # steps in a row each request went without a draft
+        self.off_streak = 0  # steps in a row that ran no drafter pass
+        self._off_batch: list[str] | None = None  # the batch those steps ran (re-planned when it changes)
         self.forward_started: float | None = None
         self._step_started: float | None = None
         self._step_target_seconds = self._step_draft_seconds = 0.0
@@ -178,19 +180,26 @@ class AdaptiveState:
 
     def drafter_off(self) -> bool:
         """Whether this step runs no drafter pass at all: the step plan, priced before the first pass
-        on the requests' histories, drafts nothing, and no request is due a probe. Called by
-        draft-model proposers only (they can catch up later)."""
+        on the requests' histories, drafts nothing, and the batch is not due a probe (``probe_every``
+        steps off in a row; that step's requests idle as long draft ``min_depth``). Called by draft-model
+        proposers only (they can catch up later)."""
         cfg = self.config
         req_ids = self.request_ids()
         if not self.drafter_has_read_prompts(req_ids):
-            return False
-        if self._random_off is not None:  # debug knob: whatever the settings
+            off = False
+        elif self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
         elif not cfg.allow_off or not self.planned:
-            return False
+            off = False
+        elif self.off_streak and req_ids == self._off_batch:  # nothing was verified since: same decision
+            off = self.off_streak < cfg.probe_every
         else:
             plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth)
-            off = plan is not None and plan.passes == 0 and not any(self._must_probe(rid) for rid in req_ids)
+            # After probe_every steps off in a row the whole batch looks again, in one step (probing request
+            # by request would make the batch pay a drafter pass whenever any one of them is due).
+            off = plan is not None and plan.passes == 0 and self.off_streak < cfg.probe_every
+        self.off_streak = self.off_streak + 1 if off else 0
+        self._off_batch = req_ids if off else None
         if off:
             self._pending_passes, self._pending_empty = 0, True
             for rid in req_ids:
