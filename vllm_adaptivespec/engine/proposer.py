@@ -249,11 +249,12 @@ class AdaptiveProposerMixin:
         batch, device = root_last.shape[0], root_last.device
         logits = self.model.compute_logits(root_last)
         started = time.perf_counter()
-        shapes = self.adaptive_state.choose_shapes(confidence_of(logits).cpu(), node_ceiling)
+        confidence, log_norm = confidence_of(logits)
+        shapes = self.adaptive_state.choose_shapes(confidence.cpu(), node_ceiling)
         builder = TreeBuilder(shapes, device=device)
         self.adaptive_state.charge(started)
         width = builder.max_width
-        tokens, logprobs, _ = top_candidates(logits, width)
+        tokens, logprobs, _ = top_candidates(logits, width, log_norm)  # one logsumexp for both
         builder.add_level(tokens[:, None, :], logprobs[:, None, :])
         if builder.done:
             return builder.finish()
@@ -307,21 +308,25 @@ class AdaptiveProposerMixin:
         return builder.finish()
 
 
-def top_candidates(logits: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def top_candidates(
+    logits: torch.Tensor, width: int, log_norm: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``width`` most likely tokens of each row of ``logits`` [n, vocab]: (tokens [n, width],
     their log-probs [n, width], top-1 probability [n]) from one top-k and one logsumexp in float32,
-    with no vocabulary-sized softmax materialised."""
+    with no vocabulary-sized softmax materialised; ``log_norm`` [n, 1], if given, is that logsumexp."""
     logits = logits.float()
-    log_norm = logits.logsumexp(dim=-1, keepdim=True)  # [n, 1]
+    if log_norm is None:
+        log_norm = logits.logsumexp(dim=-1, keepdim=True)
     top = logits.topk(width, dim=-1)
     logprobs = top.values - log_norm
     return top.indices, logprobs, logprobs[:, 0].exp()
 
 
-def confidence_of(logits: torch.Tensor) -> torch.Tensor:
-    """Top-1 probability of each row of ``logits`` [n, vocab] -> [n] (float32)."""
+def confidence_of(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 probability [n], logsumexp [n, 1]) of each row of ``logits`` [n, vocab] (float32)."""
     logits = logits.float()
-    return (logits.amax(dim=-1) - logits.logsumexp(dim=-1)).exp()
+    log_norm = logits.logsumexp(dim=-1, keepdim=True)
+    return (logits.amax(dim=-1, keepdim=True) - log_norm).exp()[:, 0], log_norm
 
 
 def accepted_rows_only(attn, num_rejected, token_ids, positions, hidden_states):
