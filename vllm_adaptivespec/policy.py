@@ -121,6 +121,11 @@ class SequencePolicy:
             return self.config.prior_acceptance
         return self._sum_accepted / self._sum_trials
 
+    @property
+    def judged(self) -> int:
+        """Draft positions judged within the window (0: ``acceptance_rate`` is still the prior)."""
+        return self._sum_trials
+
     def signal(self, confidence: float) -> float:
         """Fused signal in [0, 1] from this step's drafter top-1 confidence and the history."""
         confidence = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, float(confidence)))

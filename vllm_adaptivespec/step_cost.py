@@ -30,11 +30,19 @@ floor applies: a request that drafts drafts at least ``min_depth`` (raised, not 
 by ``MIN_GAIN`` to be chosen, so equal rates keep the cheaper step (and plain decoding).
 
 Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all.
+Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1: when even a
+drafter that is always right loses to plain decoding at this batch size on these costs, no acceptance
+estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
+
+A request with no acceptance history of its own starts from the engine's pooled acceptance
+(``PooledAcceptance``: the same per-position rate over the last judged drafts of every request), so a
+drafter that has not been paying is not trusted afresh for every new request.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -165,6 +173,42 @@ def plan_depths(
     depths = np.where((depths > 0) & (depths < min_depth), min_depth, depths)
     depths = np.minimum(depths, max_depth)
     return StepPlan([int(d) for d in depths], best_rate, plain_rate)
+
+
+def could_pay(costs: StepCosts, batch: int, max_depth: int) -> bool:
+    """Whether any speculation could beat plain decoding for ``batch`` requests on ``costs``: the plan
+    with every acceptance estimate 1 (a drafter that is never wrong) drafts something. True while the
+    cost model is not ready (nothing rules looking out yet)."""
+    plan = plan_depths([1.0] * batch, costs, 1, max_depth)
+    return plan is None or plan.passes > 0
+
+
+class PooledAcceptance:
+    """The per-position acceptance of recent drafts over every request (the engine's view of its drafter):
+
+        a_pool = sum(accepted_j) / sum(trials_j)     over the last ``window`` judged drafts j
+
+    with trials_j = accepted_j + 1 unless the whole draft was accepted (as ``policy.SequencePolicy``
+    counts them); None before any draft was judged."""
+
+    def __init__(self, window: int = 64):
+        self._window: deque[tuple[int, int]] = deque(maxlen=window)
+        self._accepted = self._trials = 0
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        trials = accepted + (1 if accepted < drafted else 0)
+        if len(self._window) == self._window.maxlen:
+            old_accepted, old_trials = self._window[0]
+            self._accepted -= old_accepted
+            self._trials -= old_trials
+        self._window.append((accepted, trials))
+        self._accepted += accepted
+        self._trials += trials
+
+    def rate(self) -> float | None:
+        return self._accepted / self._trials if self._trials else None
 
 
 class ConfidenceCalibration:

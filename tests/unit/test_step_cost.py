@@ -12,7 +12,9 @@ from vllm_adaptivespec.step_cost import (
     MIN_GAIN,
     BucketedTime,
     ConfidenceCalibration,
+    PooledAcceptance,
     StepCosts,
+    could_pay,
     hindsight,
     plan_depths,
 )
@@ -59,6 +61,45 @@ def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_to
     assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, first), rel=1e-9)
     assert plan.rate >= best / (1.0 + MIN_GAIN) - 1e-12
     assert all(0 <= d <= max_depth for d in plan.depths)
+
+
+@given(
+    batch=st.integers(1, 8),
+    max_depth=st.integers(1, 6),
+    per_token=st.floats(0.0, 0.02),
+    base=st.floats(0.001, 0.1),
+    draft=st.floats(0.001, 0.1),  # a pass of 0 s is not a measurement
+    fixed=st.floats(0.0, 0.05),
+)
+@FAST
+def test_could_pay_is_whether_any_perfectly_accepted_draft_beats_plain_decoding(
+    batch, max_depth, per_token, base, draft, fixed
+):
+    # Brute force: with every draft accepted, N verified draft tokens emit B + N tokens for at least
+    # ceil(N / B) drafter passes (the first pass included, as before the drafter runs).
+    costs = _costs(per_token, base, draft, fixed)
+    plain = batch / (fixed + costs.target.seconds(batch))
+    best = max(
+        (batch + n) / (fixed + costs.target.seconds(batch + n) + -(-n // batch) * draft)
+        for n in range(1, batch * max_depth + 1)
+    )
+    assert could_pay(costs, batch, max_depth) == (best > plain * (1 + MIN_GAIN))
+
+
+def test_could_pay_until_the_costs_are_measured():
+    assert could_pay(StepCosts(), 4, 4)
+
+
+def test_pooled_acceptance_is_the_windowed_rate_of_every_request():
+    pooled = PooledAcceptance(window=3)
+    assert pooled.rate() is None
+    pooled.observe(4, 4)  # 4 accepted of 4 trials (the whole draft)
+    pooled.observe(4, 1)  # 1 of 2: the second token was rejected
+    pooled.observe(0, 0)  # nothing drafted: not a draft
+    assert pooled.rate() == 5 / 6
+    pooled.observe(2, 0)
+    pooled.observe(2, 0)  # the window keeps the last 3 drafts: 1/2, 0/1, 0/1
+    assert pooled.rate() == 1 / 4
 
 
 def test_speculation_off_when_the_drafter_cannot_pay():

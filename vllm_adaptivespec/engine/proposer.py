@@ -82,6 +82,7 @@ class AdaptiveProposerMixin:
             )
         # Where each request's rows end, read before vLLM's loop advances seq_lens in place.
         seq_lens = common_attn_metadata.seq_lens[: common_attn_metadata.batch_size()].tolist()
+        first_rows, self._propose_started, self._first_pass_seconds = target_token_ids.shape[0], started, None
         if state.config.mode == "chain":
             drafts, passes = self._propose_chains(
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -93,23 +94,39 @@ class AdaptiveProposerMixin:
                 next_token_ids, common_attn_metadata, mm_embed_inputs,
             )  # fmt: skip
         state.drafter_caught_up(seq_lens)
-        state.observe_draft(time.perf_counter() - started, passes, drafts)
+        seconds = time.perf_counter() - started
+        state.observe_draft(seconds, passes, drafts, first_rows, self._first_pass_seconds or seconds / passes)
         return drafts
 
+    def _first_pass_finished(self) -> None:
+        """Called once the first pass's confidence has reached the host (the device has finished it)."""
+        self._first_pass_seconds = time.perf_counter() - self._propose_started
+
     def _catch_up(self, attn, token_ids, positions, hidden_states):
-        """Prepend to each request's first-pass rows the tokens whose drafter KV is missing because
-        steps ran without a drafter pass (``AdaptiveState.drafter_lag``): their ids come from the
-        request's token history, their slots from its block table. Returns the inputs unchanged when
-        nothing is missing, or when the catch-up would not fit the drafter's buffers (the drafter then
-        attends over stale KV there: worse drafts, never wrong output)."""
+        """Prepend to each request's first-pass rows the tokens whose drafter KV is missing
+        (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, and the prompt of a request
+        the drafter has not run for yet): their ids come from the request's token history, their slots
+        from its block table. Requests are caught up whole, fewest missing tokens first, as long as the
+        drafter's buffers hold them; the rest are left ``behind`` (no draft this step, their hole kept for
+        a later pass). Returns the inputs unchanged when nothing is missing."""
         start = attn.query_start_loc_cpu.long()
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
         first = attn.seq_lens[:batch].cpu().long() - length  # [B] position of each request's first row
         lag = torch.tensor(self.adaptive_state.drafter_lag(first.tolist()), dtype=torch.long)  # [B]
-        extra = int(lag.sum())
         total = int(start[-1])
-        if extra == 0 or total + extra + batch > self.input_ids.shape[0]:
+        room = self.input_ids.shape[0] - total - batch  # rows the buffers hold beyond this pass's own
+        # Worked example: lag [0, 700, 30], room 500 -> fewest first: 0, 30 fit (30 <= 500), 700 does not.
+        order = torch.argsort(lag, stable=True)
+        fits = torch.zeros(batch, dtype=torch.bool)
+        fits[order] = torch.cumsum(lag[order], 0) <= room
+        behind = (lag > 0) & ~fits
+        if behind.any():
+            req_ids = self.adaptive_state.request_ids()
+            self.adaptive_state.behind = {req_ids[row] for row in behind.nonzero()[:, 0].tolist()}
+        lag = torch.where(fits, lag, 0)
+        extra = int(lag.sum())
+        if extra == 0:
             return attn, token_ids, positions, hidden_states
         device = token_ids.device
         new_start = torch.zeros_like(attn.query_start_loc_cpu)
@@ -181,7 +198,9 @@ class AdaptiveProposerMixin:
         logits = self.model.compute_logits(hidden_states)  # [batch_size, vocab]
         started = time.perf_counter()
         tokens, _, confidence = top_candidates(logits, 1)
-        shapes = self.adaptive_state.choose_shapes(confidence.cpu(), self.num_speculative_tokens)
+        confidence = confidence.cpu()
+        self._first_pass_finished()
+        shapes = self.adaptive_state.choose_shapes(confidence, self.num_speculative_tokens)
         self._chain_depths = [shape.depth for shape in shapes]
         # vLLM's loop reads it after this call (at least 1: its k = 1 exit reshapes by it; depth-0 rows are cut)
         self.num_speculative_tokens = max(1, max(self._chain_depths, default=1))
@@ -250,7 +269,9 @@ class AdaptiveProposerMixin:
         logits = self.model.compute_logits(root_last)
         started = time.perf_counter()
         confidence, log_norm = confidence_of(logits)
-        shapes = self.adaptive_state.choose_shapes(confidence.cpu(), node_ceiling)
+        confidence = confidence.cpu()
+        self._first_pass_finished()
+        shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling)
         builder = TreeBuilder(shapes, device=device)
         self.adaptive_state.charge(started)
         width = builder.max_width

@@ -22,7 +22,10 @@ from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
-from vllm_adaptivespec.step_cost import ConfidenceCalibration, StepCosts, plan_depths
+from vllm_adaptivespec.step_cost import ConfidenceCalibration, PooledAcceptance, StepCosts, could_pay, plan_depths
+
+# A probe that ends in "off" doubles the steps until the next one, up to probe_every * PROBE_BACKOFF.
+PROBE_BACKOFF = 16
 from vllm_adaptivespec.tree import DraftTrees
 
 
@@ -94,11 +97,16 @@ class AdaptiveState:
         self.draft_cost = DraftCost()  # drafter pass vs target forward, measured by the proposer and the hooks
         self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
+        self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
-        self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (skipped passes)
+        self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (absent: 0)
+        self.behind: set[str] = set()  # requests whose drafter KV could not be caught up this pass: no draft
         self.idle: dict[str, int] = {}  # steps in a row each request went without a draft
         self.off_streak = 0  # steps in a row that ran no drafter pass
         self._off_batch: list[str] | None = None  # the batch those steps ran (re-planned when it changes)
+        self._hopeless = False  # that batch cannot gain from speculation at all on the measured costs
+        self.probe_interval = config.probe_every  # steps off in a row before the batch probes again
+        self._probing = False  # the last drafter step ran only because the batch was due a probe
         self.forward_started: float | None = None
         self._step_started: float | None = None
         self._step_target_seconds = self._step_draft_seconds = 0.0
@@ -152,6 +160,8 @@ class AdaptiveState:
                 policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
                 for row, policy in enumerate(policies)
             ]
+        if self.behind:  # their drafter KV has a hole this pass: their drafts would be guesses
+            shapes = [TreeShape(0, 1, 0) if rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
         for rid, shape in zip(req_ids, shapes):
             self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1
         self.step.add_depths(shape.depth for shape in shapes)
@@ -167,37 +177,57 @@ class AdaptiveState:
         """Each request's per-position acceptance estimate p_i for the step plan: its rolling history a_i,
         fused with its calibrated drafter confidence once the first pass has given one:
         p_i = w * cal(c_i) + (1 - w) * a_i, w = ``confidence_weight``."""
-        history = [self.policies[rid].acceptance_rate for rid in req_ids]
+        pooled = self.pooled.rate()
+        history = [self._history(rid, pooled) for rid in req_ids]
         if confidence is None:
             return history
         w = self.config.confidence_weight
         return [w * self.calibration(c) + (1.0 - w) * a for c, a in zip(confidence, history)]
 
+    def _history(self, rid: str, pooled: float | None) -> float:
+        """The request's rolling acceptance a_i; before its first judged draft, the pooled acceptance of
+        recent drafts of every request (``PooledAcceptance``), else ``prior_acceptance``."""
+        policy = self.policies[rid]
+        return pooled if policy.judged == 0 and pooled is not None else policy.acceptance_rate
+
     def _must_probe(self, rid: str) -> bool:
-        """The request went ``probe_every`` steps without a draft: it drafts ``min_depth`` this step, to
+        """The request went ``probe_interval`` steps without a draft: it drafts ``min_depth`` this step, to
         refresh its acceptance estimate (the cost of looking)."""
-        return self.idle.get(rid, 0) >= self.config.probe_every
+        return self.idle.get(rid, 0) >= self.probe_interval
 
     def drafter_off(self) -> bool:
-        """Whether this step runs no drafter pass at all: the step plan, priced before the first pass
-        on the requests' histories, drafts nothing, and the batch is not due a probe (``probe_every``
-        steps off in a row; that step's requests idle as long draft ``min_depth``). Called by draft-model
-        proposers only (they can catch up later)."""
+        """Whether this step runs no drafter pass at all. Called by draft-model proposers only: they can
+        catch up later (``drafter_lag``), prompts included, so a request whose drafter never pays never
+        runs it, not even over its prompt.
+
+        Off when the step plan, priced before the first pass on the requests' acceptance estimates, drafts
+        nothing, unless the batch is due a probe: after ``probe_interval`` steps off in a row the whole
+        batch drafts ``min_depth`` once, in one step, to refresh its estimates. A probe after which the plan
+        still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets
+        it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
+        wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
+        answer, and a probe would pay the drafter's catch-up for nothing."""
         cfg = self.config
         req_ids = self.request_ids()
-        if not self.drafter_has_read_prompts(req_ids):
-            off = False
-        elif self._random_off is not None:  # debug knob: whatever the settings
+        if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
         elif not cfg.allow_off or not self.planned:
             off = False
         elif self.off_streak and req_ids == self._off_batch:  # nothing was verified since: same decision
-            off = self.off_streak < cfg.probe_every
+            off = self._hopeless or self.off_streak < self.probe_interval
+            self._probing = not off
         else:
             plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth)
-            # After probe_every steps off in a row the whole batch looks again, in one step (probing request
-            # by request would make the batch pay a drafter pass whenever any one of them is due).
-            off = plan is not None and plan.passes == 0 and self.off_streak < cfg.probe_every
+            if plan is None or plan.passes > 0:
+                off = self._hopeless = self._probing = False
+                if plan is not None:
+                    self.probe_interval = cfg.probe_every
+            else:
+                if self._probing:  # the probe found nothing worth drafting: look half as often
+                    self.probe_interval = min(2 * self.probe_interval, cfg.probe_every * PROBE_BACKOFF)
+                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth)
+                off = self._hopeless or self.off_streak < self.probe_interval
+                self._probing = not off
         self.off_streak = self.off_streak + 1 if off else 0
         self._off_batch = req_ids if off else None
         if off:
@@ -207,28 +237,22 @@ class AdaptiveState:
             self.step.add_depths([0] * len(req_ids))
         return off
 
-    def drafter_has_read_prompts(self, req_ids: list[str]) -> bool:
-        """Every request's prompt is fully prefilled and its drafter has run a first pass over it since: only
-        then may a step skip the drafter (a skipped prefill would leave a hole the lag cannot see)."""
-        batch = self._runner.input_batch
-        for row, rid in enumerate(req_ids):
-            if rid not in self.drafter_next or self.drafter_next[rid] <= batch.num_prompt_tokens[row]:
-                return False
-        return True
-
     def drafter_lag(self, first_positions: list[int]) -> list[int]:
-        """Per batch row: positions before the row's first query token the drafter has no KV for."""
-        missing_from = [self.drafter_next.get(rid, first) for rid, first in zip(self.request_ids(), first_positions)]
-        return [max(0, first - start) for first, start in zip(first_positions, missing_from)]
+        """Per batch row: positions before the row's first query token the drafter has no KV for (all of
+        them, from 0, for a request the drafter has never run for)."""
+        return [max(0, first - self.drafter_next.get(rid, 0)) for rid, first in zip(self.request_ids(), first_positions)]
 
     def token_history(self, rows: list[int], positions: list[int]) -> torch.Tensor:
         """[n] token ids of batch row ``rows[j]`` at ``positions[j]`` (prompt and output alike)."""
         return torch.from_numpy(self._runner.input_batch.token_ids_cpu[rows, positions].astype("int64"))
 
     def drafter_caught_up(self, seq_lens: list[int]) -> None:
-        """The drafter's first pass covered every row up to ``seq_lens`` and the next token after it."""
+        """The drafter's first pass covered every row up to ``seq_lens`` and the next token after it, except
+        the rows left ``behind`` (their hole stays, to be caught up at a later pass)."""
         for rid, seq in zip(self.request_ids(), seq_lens):
-            self.drafter_next[rid] = seq + 1
+            if rid not in self.behind:
+                self.drafter_next[rid] = seq + 1
+        self.behind = set()
 
     def begin_step(self) -> None:
         """A new engine step starts: the last one's wall-clock, minus its target forward and drafter
@@ -244,10 +268,16 @@ class AdaptiveState:
         self.draft_cost.observe_target(seconds)
         self._step_target_seconds += seconds
 
-    def observe_draft(self, seconds: float, passes: int, drafts: list[list[int]]) -> None:
-        """The step's drafter ran ``passes`` passes over ``len(drafts)`` requests in ``seconds``."""
+    def observe_draft(
+        self, seconds: float, passes: int, drafts: list[list[int]], first_rows: int, first_seconds: float
+    ) -> None:
+        """The step's drafter ran ``passes`` passes over ``len(drafts)`` requests in ``seconds``, the first of
+        them over ``first_rows`` rows (accepted tokens, caught-up tokens, prompts) in ``first_seconds``; each
+        pass is priced by its own rows (a first pass over a prompt says nothing of a pass over B rows)."""
         self.draft_cost.observe_draft(seconds, passes)
-        self.step_costs.draft_pass.observe(len(drafts), seconds / max(1, passes))
+        self.step_costs.draft_pass.observe(first_rows, first_seconds)
+        if passes > 1:
+            self.step_costs.draft_pass.observe(len(drafts), (seconds - first_seconds) / (passes - 1))
         self._step_draft_seconds += seconds
         self._pending_passes, self._pending_empty = passes, not any(drafts)
 
@@ -306,6 +336,7 @@ class AdaptiveState:
                 ):
                     if drafted:
                         self.policies[rid].observe(depth, accepted, promoted)
+                        self.pooled.observe(depth, accepted)
                         if rid in self.confidence:
                             self.calibration.observe(self.confidence.pop(rid), accepted >= 1)
                 self.step.promoted += sum(done.num_promoted)
@@ -346,4 +377,5 @@ class AdaptiveState:
             self.drafts.pop(rid, None)
             self.confidence.pop(rid, None)
             self.drafter_next.pop(rid, None)
+            self.behind.discard(rid)
             self.idle.pop(rid, None)

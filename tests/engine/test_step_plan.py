@@ -1,0 +1,85 @@
+"""When a step runs the drafter: AdaptiveState.drafter_off on a fake runner, with made-up step costs.
+
+No engine is built: the state only reads the runner's batch (request ids) and its own measured costs.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vllm_adaptivespec.config import AdaptiveSpecConfig
+from vllm_adaptivespec.engine.state import PROBE_BACKOFF, AdaptiveState
+from vllm_adaptivespec.step_cost import StepCosts
+
+
+def _state(batch: int, per_token: float, base: float, draft: float, **settings) -> AdaptiveState:
+    """A state for ``batch`` requests whose target forward costs base + per_token * q (q query tokens)
+    and whose drafter pass costs ``draft``, all seconds, already measured."""
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[f"r{i}" for i in range(batch)]), requests={})
+    state = AdaptiveState(AdaptiveSpecConfig(max_depth=4, **settings), runner)
+    costs = StepCosts(smoothing=1.0, target=state.cost)
+    for q in (1, 2, 4, 8, 16, 32, 64):
+        costs.target.observe(q, base + per_token * q)
+    costs.draft_pass.observe(batch, draft)
+    costs.fixed = 0.0
+    state.step_costs = costs
+    return state
+
+
+def _steps_with_drafter(state: AdaptiveState, steps: int, accepted: int = 0) -> list[int]:
+    """Run ``steps`` drafter decisions; after each step that drafts, every request has its one-token
+    draft judged (``accepted`` of 1). Returns the step numbers that ran the drafter."""
+    ran = []
+    for step in range(steps):
+        if not state.drafter_off():
+            ran.append(step)
+            for rid in state.request_ids():
+                state.policies[rid].observe(1, accepted, 0)
+                state.pooled.observe(1, accepted)
+    return ran
+
+
+def test_speculation_that_cannot_pay_never_runs_the_drafter():
+    # Compute bound (a forward costs what its tokens cost) and a drafter pass as dear as a target forward
+    # of the batch: even a drafter that is never wrong loses, so no probe is ever made.
+    state = _state(batch=8, per_token=0.01, base=0.0, draft=0.08)
+    assert _steps_with_drafter(state, 2000) == []
+    assert state.off_streak == 2000
+
+
+def test_probes_back_off_while_they_find_nothing():
+    # Verification nearly free and a cheap drafter: speculation would pay if the drafter agreed, but it
+    # never does. Probes come after 16, then 32, 64, ... steps off, up to probe_every * PROBE_BACKOFF.
+    state = _state(batch=1, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.0)
+    ran = _steps_with_drafter(state, 3000)
+    gaps = [b - a - 1 for a, b in zip([-1, *ran], ran)]
+    cap = 16 * PROBE_BACKOFF
+    assert gaps[:5] == [16, 32, 64, 128, 256]
+    assert all(gap == cap for gap in gaps[5:]) and len(gaps) > 6
+
+
+def test_a_probe_that_finds_agreement_turns_speculation_on_and_resets_the_interval():
+    state = _state(batch=1, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.0)
+    ran = _steps_with_drafter(state, 200)
+    assert state.probe_interval > 16 and ran
+    # From now on the drafter is always right: the next probe turns speculation on for good.
+    ran = _steps_with_drafter(state, 400, accepted=1)
+    assert ran and ran[-1] == 399 and len(ran) >= 400 - state.config.probe_every * PROBE_BACKOFF
+    assert state.probe_interval == 16
+
+
+def test_a_new_request_starts_from_the_pooled_acceptance():
+    state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
+    for _ in range(10):
+        state.pooled.observe(3, 0)  # every recent draft was rejected at once
+    state.policies["r0"].observe(3, 3, 0)  # r0 has its own history: all accepted
+    assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
+
+
+def test_the_drafter_lags_from_position_0_for_a_request_it_never_ran_for():
+    state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
+    state.drafter_next["r0"] = 30
+    assert state.drafter_lag([40, 25]) == [10, 25]
+    state.behind = {"r1"}
+    state.drafter_caught_up([41, 26])
+    assert state.drafter_next == {"r0": 42} and state.behind == set()
