@@ -86,8 +86,10 @@ def _travel(rng: random.Random) -> tuple[str, dict, str, int]:
             break
     covered = s1 * t1 + s2 * minutes // 60
     if rng.random() < 0.5:
-        text = (f"A {vehicle} travels at {s1} km per hour for {_hours(t1)}, then at {s2} km per hour for "
-                f"{minutes} minutes. How many kilometres does it cover in total?")
+        text = rng.choice((f"A {vehicle} travels at {s1} km per hour for {_hours(t1)}, then at {s2} km per hour for "
+                           f"{minutes} minutes. How many kilometres does it cover in total?",
+                           f"For the first {_hours(t1)} of a trip a {vehicle} keeps to {s1} km/h; for the next "
+                           f"{minutes} minutes it goes {s2} km/h. How far does it go altogether, in kilometres?"))
         return "total", {"s1": s1, "t1": t1, "s2": s2, "minutes": minutes}, text, covered
     extra = rng.randint(5, 200)
     route = covered + extra
@@ -181,7 +183,8 @@ def _inventory(rng: random.Random) -> tuple[str, dict, str, int]:
             stock -= stock // part
             events.append(["fraction", part])
             sentences.append(f"On {day} it sends out {_SHARES[part]} of the {unit} it has at that moment.")
-    sentences.append(f"How many {unit} does the {place} have at the end?")
+    sentences.append(rng.choice((f"How many {unit} does the {place} have at the end?",
+                                 f"How many {unit} are in the {place} after {day}?")))
     return "days", {"start": start, "events": events}, " ".join(sentences), stock
 
 
@@ -224,8 +227,10 @@ def _together(rng: random.Random) -> tuple[str, dict, str, int]:
     x, y = rng.choice(_WORKER_PAIRS)
     first, second = _two_names(rng)
     job = rng.choice(("paint a fence", "tile a floor", "sort a pile of letters", "weed a field"))
-    text = (f"Alone, {first} can {job} in {x} hours and {second} can do the same job in {y} hours. Working together "
-            f"at these rates, how many hours do they need?")
+    text = rng.choice((f"Alone, {first} can {job} in {x} hours and {second} can do the same job in {y} hours. "
+                       f"Working together at these rates, how many hours do they need?",
+                       f"It takes {first} {x} hours to {job} alone and {second} {y} hours. If they work on it "
+                       f"together, each at the same pace as alone, how many hours does the job take?"))
     return "two-workers", {"x": x, "y": y}, text, x * y // (x + y)
 
 
@@ -256,7 +261,8 @@ def _wages(rng: random.Random) -> tuple[str, dict, str, int]:
     food = rng.randint(20, min(150, pay - rent - 1))
     text = (f"{name} earns ${wage} an hour for the first 40 hours of a week and one and a half times that rate for "
             f"every hour beyond 40. This week {name} works {hours} hours, then pays ${rent} towards rent and "
-            f"${food} for groceries. How many dollars of the week's pay are left?")
+            f"${food} for groceries. " + rng.choice(("How many dollars of the week's pay are left?",
+                                                     f"How much of the week's pay, in dollars, does {name} keep?")))
     return "overtime", {"wage": wage, "hours": hours, "rent": rent, "food": food}, text, pay - rent - food
 
 
@@ -269,8 +275,11 @@ def _averages(rng: random.Random) -> tuple[str, dict, str, int]:
         if 0 <= needed <= 100:
             break
     listed = ", ".join(map(str, scores[:-1])) + f" and {scores[-1]}"
-    text = (f"{name} scored {listed} on the first {len(scores)} tests of a course. What score on the next test "
-            f"would make the average of all {len(scores) + 1} tests exactly {target}?")
+    ask = rng.choice((f"What score on the next test would make the average of all {len(scores) + 1} tests exactly "
+                      f"{target}?",
+                      f"What must {name} score on test number {len(scores) + 1} to bring the average of all the "
+                      f"tests to exactly {target}?"))
+    text = f"{name} scored {listed} on the first {len(scores)} tests of a course. {ask}"
     return "next-score", {"scores": scores, "target": target}, text, needed
 
 
