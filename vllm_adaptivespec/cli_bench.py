@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .bench.settings import PRESETS, BenchSettings
+from .bench.workloads import WORKLOADS
 
 DEFAULT_PAIR = "qwen-coder"
 
@@ -45,8 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "(1,500+ tokens a cell), batch 1 and 8, greedy, 2 interleaved repeats; stock: AdaptiveSpec "
                              "(policy-only, adaptive@0.5) against ar and every stock configuration (static k=1..4, "
                              "ngram, dynamic) on the same cells, 2 interleaved repeats; full: every "
-                             "configuration, 5 taus, all 164 problems and 62 prompts, batch 1 and 8, temperature "
-                             "0 and 0.7 (default: quick)")
+                             "configuration, 5 taus, all 164 problems, 62 prompts and 240 math problems, batch 1 "
+                             "and 8, temperature 0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
     models.add_argument("--pair", default=DEFAULT_PAIR,
                         help="embedded model pair prepared by `adaptivespec models prepare` (default: qwen-coder)")
@@ -57,7 +58,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="comma-separated configurations: names, <row>@<tau>, a kind (static) or all; "
                            "see --list")
     what.add_argument("--taus", type=_floats, help="tau values of the swept configurations, e.g. 0.9,0.5,0.1")
-    what.add_argument("--workloads", type=_names, help="humaneval,general")
+    what.add_argument("--workloads", type=_names,
+                      help="comma-separated, of humaneval, general (speed only, nothing graded) and math "
+                           "(checked arithmetic word problems, exact-match accuracy) (default: humaneval,general; "
+                           "full: all three)")
     what.add_argument("--batches", type=_ints, help="concurrent requests, e.g. 1,8")
     what.add_argument("--temperatures", type=_floats, help="e.g. 0,0.7")
     what.add_argument("--humaneval-problems", help="comma-separated problem numbers, or 'all'")
@@ -65,8 +69,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                       help="continue: the answer opens with the problem's signature and docstring, the model "
                            "writes the body; restate: the model writes the whole function (default: continue)")
     what.add_argument("--general-limit", type=int, help="number of general prompts (an evenly spread subset)")
-    what.add_argument("--max-tokens-humaneval", type=int)
-    what.add_argument("--max-tokens-general", type=int)
+    what.add_argument("--math-limit", type=int,
+                      help="number of math problems: the first N of the 240 generated (the 11 kinds take turns)")
+    what.add_argument("--math-seed", type=int, default=0, help="seed of the generated math problems (default: 0)")
+    for workload in WORKLOADS:
+        what.add_argument(f"--max-tokens-{workload}", type=int)
     engine = parser.add_argument_group("engine")
     engine.add_argument("--max-model-len", type=int, default=2048)
     engine.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
@@ -135,10 +142,9 @@ def _has_gpu() -> bool:
 def build_settings(args, target: str, drafter: str | None):
     preset = dict(PRESETS[args.mode])
     max_tokens = dict(preset["max_tokens"])
-    if args.max_tokens_humaneval:
-        max_tokens["humaneval"] = args.max_tokens_humaneval
-    if args.max_tokens_general:
-        max_tokens["general"] = args.max_tokens_general
+    for workload in WORKLOADS:
+        if getattr(args, f"max_tokens_{workload}"):
+            max_tokens[workload] = getattr(args, f"max_tokens_{workload}")
     problems = preset["humaneval_problems"]
     if args.humaneval_problems:
         problems = None if args.humaneval_problems.strip() == "all" else _ints(args.humaneval_problems)
@@ -150,12 +156,14 @@ def build_settings(args, target: str, drafter: str | None):
         drafter=drafter,
         configs=args.configs or preset["configs"],
         taus=args.taus or preset["taus"],
-        workloads=args.workloads or ["humaneval", "general"],
+        workloads=args.workloads or preset["workloads"],
         batches=args.batches or preset["batches"],
         temperatures=args.temperatures if args.temperatures is not None else preset["temperatures"],
         humaneval_problems=problems,
         humaneval_format=args.humaneval_format,
         general_limit=args.general_limit if args.general_limit is not None else preset["general_limit"],
+        math_limit=args.math_limit if args.math_limit is not None else preset["math_limit"],
+        math_seed=args.math_seed,
         max_tokens=max_tokens,
         max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager if args.enforce_eager is not None else not _has_gpu(),

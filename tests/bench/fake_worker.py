@@ -1,5 +1,7 @@
 """Stand-in for `vllm_adaptivespec.bench.worker` in harness tests: no vLLM, scripted behaviour.
 
+Replies: HumanEval's canonical solutions, math answers (one in three wrong by one), a fixed general reply.
+
 $FAKE_WORKER_MODE: "ok" (every cell), "crash_after_1" (one cell, then exit 3), "engine_failed".
 Each call appends the cells it was given to $FAKE_WORKER_CALLS (JSON lines). tok/s is 100 for `ar`, 150
 otherwise, times 1 + $FAKE_WORKER_DRIFT (default 0) x the number of calls before this one.
@@ -15,6 +17,17 @@ from pathlib import Path
 def emit(path, event, **data):
     with open(path, "a") as f:
         f.write(json.dumps({"event": event, "time": time.time(), **data}) + "\n")
+
+
+def _answer(problems, workload, item):
+    """HumanEval: the canonical solution; math: a right answer line, except for every third problem
+    (wrong by one); general: a fixed reply."""
+    if workload == "humaneval":
+        return problems[item["id"]]["canonical_solution"]
+    if workload == "math":
+        wrong = int(item["id"].split("-")[1]) % 3 == 2
+        return f"Working it out step by step.\nAnswer: {item['reference']['answer'] + wrong:,}"
+    return "A general reply with 2 numbers in it: 7."
 
 
 def main(job_path, events_path):
@@ -39,7 +52,7 @@ def main(job_path, events_path):
         if mode == "crash_after_1" and index == 1:
             print("Fatal: simulated crash", file=sys.stderr)
             return 3
-        outputs = [{"id": item["id"], "text": problems[item["id"]]["canonical_solution"],
+        outputs = [{"id": item["id"], "text": _answer(problems, cell["workload"], item),
                     "token_ids": [1, 2, 3], "finish_reason": "stop"} for item in cell["items"]]
         for done in range(1, len(outputs) + 1):
             emit(events_path, "progress", index=index, done=done, total=len(outputs))

@@ -67,3 +67,51 @@ def test_lean_preset_and_repeats(tmp_path):
     assert build_settings(parser.parse_args(["bench", "--mode", "tree"]), "/t", "/d").repeats == 1
     with pytest.raises(ValueError):  # pydantic's ValidationError
         build_settings(parser.parse_args(["bench", "--repeats", "0"]), "/t", "/d")
+
+
+def test_math_workload_options_and_presets():
+    import argparse
+
+    from vllm_adaptivespec.cli_bench import add_parser, build_settings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    for mode, preset in PRESETS.items():
+        assert preset["max_tokens"]["math"] > 0 and "math_limit" in preset, mode  # math can run in every mode
+    quick = build_settings(parser.parse_args(["bench"]), "/t", "/d")
+    assert quick.workloads == ["humaneval", "general"] and quick.math_limit == 4  # math on request only
+    full = build_settings(parser.parse_args(["bench", "--mode", "full"]), "/t", "/d")
+    assert full.workloads == ["humaneval", "general", "math"] and full.math_limit is None and full.math_seed == 0
+    args = parser.parse_args(["bench", "--workloads", "math,humaneval", "--math-limit", "12", "--math-seed", "3",
+                              "--max-tokens-math", "200"])
+    chosen = build_settings(args, "/t", "/d")
+    assert chosen.workloads == ["math", "humaneval"] and (chosen.math_limit, chosen.math_seed) == (12, 3)
+    assert chosen.max_tokens == {**PRESETS["quick"]["max_tokens"], "math": 200}
+    with pytest.raises(ValueError, match="unknown workloads"):
+        build_settings(parser.parse_args(["bench", "--workloads", "maths"]), "/t", "/d")
+    with pytest.raises(ValueError):
+        build_settings(parser.parse_args(["bench", "--workloads", "math", "--math-limit", "0"]), "/t", "/d")
+
+
+def test_math_settings_enter_the_fingerprint_only_when_math_runs(tmp_path):
+    import hashlib
+    import json
+
+    from vllm_adaptivespec.bench.settings import BenchSettings
+
+    base = dict(target="/t", drafter="/d", configs=["ar"], taus=[], batches=[1], temperatures=[0.0],
+                humaneval_problems=[0], general_limit=4, output=tmp_path)
+    old = dict(base, workloads=["humaneval", "general"], max_tokens={"humaneval": 64, "general": 40})
+    plain = BenchSettings(**old)
+    with_math_lengths = BenchSettings(**{**old, "max_tokens": {"humaneval": 64, "general": 40, "math": 128},
+                                         "math_limit": 4, "math_seed": 5})
+    keys = ("target", "drafter", "workloads", "humaneval_problems", "humaneval_format", "general_limit",
+            "max_tokens", "max_model_len", "enforce_eager", "dtype")
+    before_math = hashlib.sha256(json.dumps({k: getattr(plain, k) for k in keys}, sort_keys=True,
+                                            default=str).encode()).hexdigest()[:16]
+    assert plain.fingerprint() == with_math_lengths.fingerprint() == before_math  # runs without math still resume
+    math = dict(base, workloads=["math"], max_tokens={"math": 128})
+    assert BenchSettings(**math, math_limit=4).fingerprint() != BenchSettings(**math, math_limit=8).fingerprint()
+    assert BenchSettings(**math, math_seed=1).fingerprint() != BenchSettings(**math).fingerprint()
+    with pytest.raises(ValueError, match="no max_tokens for workloads"):
+        BenchSettings(**dict(base, workloads=["math"], max_tokens={"humaneval": 64}))

@@ -83,6 +83,29 @@ def test_markdown_has_one_table_per_group_and_reports_problems(data):
     assert "## Warnings" not in text  # every AdaptiveSpec cell recorded depths
 
 
+def test_math_accuracy_and_recovery_are_reported_and_general_is_not_graded(data, tmp_path):
+    for name, row, kind, tau, speed, accuracy in CONFIGS:
+        cell = _cell(name, row, kind, tau, speed, accuracy, workload="math")
+        cell["accuracy"] = {"metric": "exact_match", "value": accuracy, "correct": int(accuracy * 20), "n": 20}
+        data["cells"].append(cell)
+    for cell in data["cells"]:
+        if cell["workload"] == "general":  # a result of the old grading: 2 word problems by their last number
+            cell["accuracy"] = {"metric": "word_problem_accuracy", "value": 0.0, "correct": 0, "n": 2}
+    derive(data)
+    math = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "math")
+    assert math["derived"]["accuracy_recovery"] == pytest.approx(0.8)
+    general = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "general")
+    assert general["derived"]["accuracy_recovery"] is None
+    text = markdown(data)
+    assert "## math, batch 1, temperature 0" in text
+    assert "| `adaptive@0.5` | 24.0 | 2.40x | 1.50x | 1.20x | 2.50 | 4.00 | 30.0 | 60.0 | 40% (8/20) | 80% |" in text
+    general_table = text.split("## general, batch 8, temperature 0")[1].split("## ")[0]
+    assert "0/2" not in general_table and "| – | – |" in general_table
+    assert "exact-match share" in text and "not graded" in text
+    made = {p.name for p in draw_all(data, tmp_path / "plots")}
+    assert {"pass_at_1_vs_tau.png", "math_accuracy_vs_tau.png"} <= made
+
+
 def test_adaptivespec_cells_without_plugin_metrics_are_flagged(data):
     for cell in data["cells"]:
         if cell["config"] == "adaptive@0.9":

@@ -75,6 +75,40 @@ def test_crash_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path, fake
     assert (out / "plots" / "speed_vs_tau.png").exists()
 
 
+def test_math_is_scored_by_exact_match_and_general_is_not_scored(tmp_path, fake):
+    out = tmp_path / "run"
+    fake("ok")
+    settings = _settings(out, configs=["ar", "static-k2"], workloads=["humaneval", "general", "math"], batches=[1],
+                         general_limit=2, math_limit=6, max_tokens={"humaneval": 16, "general": 16, "math": 64})
+    assert FakeRun(settings, "test", show_progress=False).execute() == 0
+    data = _results(out)
+    cells = {(c["config"], c["workload"]): c for c in data["cells"]}
+    assert len(cells) == 6 and all(c["status"] == "ok" for c in cells.values())
+    math = cells[("static-k2", "math")]
+    assert math["n_requests"] == 6  # the first six generated problems
+    accuracy = math["accuracy"]
+    assert (accuracy["metric"], accuracy["correct"], accuracy["n"]) == ("exact_match", 4, 6)
+    assert accuracy["value"] == pytest.approx(4 / 6)
+    assert sorted(accuracy["failures"]) == ["math-002-sharing", "math-005-inventory"]
+    assert all(f.startswith("expected ") for f in accuracy["failures"].values())
+    assert math["derived"]["accuracy_recovery"] == pytest.approx(1.0)
+    general = cells[("ar", "general")]
+    assert general["accuracy"] is None and general["derived"]["accuracy_recovery"] is None
+    assert cells[("ar", "humaneval")]["accuracy"]["value"] == 1.0
+    text = (out / "results.md").read_text()
+    assert _column(text, "math", "accuracy") == ["67% (4/6)"] * 2 and _column(text, "math", "recovery") == ["100%"] * 2
+    assert _column(text, "general", "accuracy") == ["–"] * 2 and _column(text, "general", "recovery") == ["–"] * 2
+    assert _column(text, "humaneval", "accuracy") == ["100% (2/2)"] * 2
+    assert (out / "plots" / "math_accuracy_vs_tau.png").exists()
+
+
+def _column(markdown: str, workload: str, name: str) -> list[str]:
+    """One column of a workload's table in results.md."""
+    lines = markdown.split(f"## {workload}, batch 1, temperature 0\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [[c.strip() for c in line.strip("|").split("|")][header.index(name)] for line in lines[2:]]
+
+
 def test_settings_that_change_the_cells_refuse_to_resume(tmp_path, fake):
     out = tmp_path / "run"
     fake("ok")

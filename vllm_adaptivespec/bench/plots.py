@@ -1,5 +1,5 @@
-"""PNG figures of a run: speed vs tau, pass@1 vs tau, and the distribution of chosen draft depths
-(one figure per histogram the plugin exports).
+"""PNG figures of a run: speed vs tau, accuracy vs tau (HumanEval pass@1, math exact match), and the
+distribution of chosen draft depths (one figure per histogram the plugin exports).
 
 One panel per (workload, batch, temperature). Swept rows are drawn as lines over tau; the point at
 tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, ``static-k4`` for ``margin-k4``), and
@@ -14,9 +14,12 @@ from pathlib import Path
 
 from .configs import TABLE
 from .engine_metrics import histogram_distribution
+from .report import accuracy_of
 
 SWEPT = [row for row in TABLE if row.per_tau]
 REFERENCE_STYLES = {"ar": ("black", ":"), "ngram": ("tab:brown", "-."), "dynamic": ("tab:purple", "--")}
+# graded workload: (panel title, accuracy label); each gets its own figure
+ACCURACY_PLOTS = {"humaneval": ("HumanEval", "pass@1"), "math": ("Math", "exact match")}
 KIND_COLORS = {"ar": "tab:gray", "static": "tab:blue", "ngram": "tab:brown", "dynamic": "tab:purple",
                "static-tree": "tab:orange", "adaptivespec": "tab:green"}
 
@@ -138,19 +141,21 @@ def speed_by_config(data: dict, path: Path) -> Path | None:
     return _write(plt, fig, path)
 
 
-def pass_at_1_vs_tau(data: dict, path: Path) -> Path | None:
-    groups = {k: v for k, v in _groups(data).items() if k[0] == "humaneval"}
+def accuracy_vs_tau(data: dict, path: Path, workload: str = "humaneval") -> Path | None:
+    """Accuracy over tau for one graded workload (HumanEval pass@1, math exact match)."""
+    title, label = ACCURACY_PLOTS[workload]
+    groups = {k: v for k, v in _groups(data).items() if k[0] == workload}
     if not groups:
         return None
     plt, fig, axes = _figure(len(groups))
     drawn = False
     for ax, ((_, batch, temp), cells) in zip(axes, groups.items()):
-        drawn |= _tau_panel(ax, cells, lambda c: (c.get("accuracy") or {}).get("value"), "pass@1")
-        ax.set_title(f"HumanEval, batch {batch}, T={temp:g}", fontsize="medium")
+        drawn |= _tau_panel(ax, cells, lambda c: accuracy_of(c).get("value"), label)
+        ax.set_title(f"{title}, batch {batch}, T={temp:g}", fontsize="medium")
     if not drawn:
         plt.close(fig)
         return None
-    return _save(plt, fig, axes, path, "HumanEval pass@1")
+    return _save(plt, fig, axes, path, f"{title} {label}")
 
 
 def histogram_distribution_plot(data: dict, metric: str, path: Path) -> Path | None:
@@ -191,7 +196,8 @@ def draw_all(data: dict, directory: Path) -> list[Path]:
     made = [
         speed_by_config(data, directory / "speed_by_config.png"),
         speed_vs_tau(data, directory / "speed_vs_tau.png"),
-        pass_at_1_vs_tau(data, directory / "pass_at_1_vs_tau.png"),
+        accuracy_vs_tau(data, directory / "pass_at_1_vs_tau.png", "humaneval"),
+        accuracy_vs_tau(data, directory / "math_accuracy_vs_tau.png", "math"),
         # draft_depth today; any histogram the plugin adds later (nodes, width) gets its own figure
         *(histogram_distribution_plot(data, metric, directory / f"{metric}_distribution.png")
           for metric in _histogram_metrics(data)),

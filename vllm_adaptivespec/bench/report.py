@@ -27,8 +27,9 @@ DEFINITIONS = """\
 - **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
   requests), steps that prefilled a request left out.
-- **accuracy**: HumanEval pass@1 (greedy or one sample; code run in a sandboxed subprocess), or for the general
-  workload the share of word problems whose last number is the expected answer.
+- **accuracy**: HumanEval pass@1 (greedy or one sample; code run in a sandboxed subprocess), or for the math
+  workload the exact-match share: the integer after the answer's last `Answer:` (else its last number) equals
+  the generated problem's computed answer. The general workload is not graded (speed only): "–".
 - **recovery**: accuracy / the autoregressive target's accuracy in the same cell (the lossless reference).
 - **same as AR**: at temperature 0, share of answers token-identical to the autoregressive target's.
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
@@ -37,6 +38,17 @@ DEFINITIONS = """\
 - **overhead**: for configurations running the plugin, seconds it spent in its own per-step work
   (`vllm:adaptivespec_overhead_seconds_total`) / the wall-clock of all the cell's steps, prefill steps included.
 """
+
+
+# Metrics the report shows as accuracy. Results of earlier versions graded the general workload's few word
+# problems by their last number ("word_problem_accuracy"); that measured nothing and is not shown.
+ACCURACY_METRICS = ("pass@1", "exact_match")
+
+
+def accuracy_of(cell: dict) -> dict:
+    """The cell's accuracy record, or {} when it has none the report shows."""
+    accuracy = cell.get("accuracy") or {}
+    return accuracy if accuracy.get("metric", "pass@1") in ACCURACY_METRICS else {}
 
 
 def _group(cell: dict) -> tuple:
@@ -63,9 +75,9 @@ def derive(data: dict) -> None:
         stock = [c for c in cells if c.get("kind") in STOCK_KINDS]
         complete = set(STOCK_SET) <= {c["config"] for c in stock}
         best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None) if complete else None
-        ar_accuracy = (ar.get("accuracy") or {}).get("value") if ar else None
+        ar_accuracy = accuracy_of(ar).get("value") if ar else None
         for cell in cells:
-            accuracy = (cell.get("accuracy") or {}).get("value")
+            accuracy = accuracy_of(cell).get("value")
             cell["derived"] = {
                 "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar and ar["tokens_per_s"]),
                 "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best and best["tokens_per_s"]),
@@ -129,7 +141,7 @@ def _row(cell: dict) -> dict[str, str]:
     derived = cell.get("derived", {})
     spec = cell.get("spec", {})
     latency = cell.get("step_latency_ms", {})
-    accuracy = cell.get("accuracy") or {}
+    accuracy = accuracy_of(cell)
     match = cell.get("match_vs_ar") or {}
     promoted = (cell.get("adaptivespec") or {}).get("promoted_tokens", {}).get("value")
     return {

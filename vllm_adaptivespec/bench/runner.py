@@ -22,7 +22,7 @@ from .configs import BenchConfig, select
 from .environment import describe
 from .results import ResultStore, cell_slug, repeats_of
 from .sandbox import Limits
-from .scoring import score_humaneval, score_word_problems
+from .scoring import score_humaneval, score_math
 from .settings import BenchSettings
 from .workloads import Item, load
 
@@ -60,7 +60,8 @@ class Run:
         }
         self.store = ResultStore.open(settings.output, header, fresh=fresh)
         self.items: dict[str, list[Item]] = {
-            w: load(w, settings.humaneval_problems, settings.general_limit, settings.humaneval_format)
+            w: load(w, settings.humaneval_problems, settings.general_limit, settings.humaneval_format,
+                    settings.math_limit, settings.math_seed)
             for w in settings.workloads
         }
         self.cells = [(w, b, t) for w in settings.workloads for b in settings.batches for t in settings.temperatures]
@@ -312,12 +313,9 @@ class Run:
                     "correct": correct, "n": len(results),
                     "failures": {o["id"]: r.status + (f": {r.detail}" if r.detail else "")
                                  for o, r in zip(outputs, results) if not r.passed}}
-        graded = [(items[o["id"]].reference["answer"], o["text"]) for o in outputs
-                  if "answer" in items[o["id"]].reference]
-        if not graded:
-            return None
-        correct = sum(score_word_problems([a for a, _ in graded], [t for _, t in graded]))
-        return {"metric": "word_problem_accuracy", "value": correct / len(graded), "correct": correct, "n": len(graded)}
+        if workload == "math":
+            return score_math({o["id"]: items[o["id"]].reference["answer"] for o in outputs}, outputs)
+        return None  # general: free-form answers, speed only
 
 
 def match_vs_reference(outputs: list[dict], reference: list[dict]) -> dict:

@@ -1,12 +1,12 @@
-"""Accuracy of generated answers: HumanEval pass@1 (code run in the sandbox) and word problems."""
+"""Accuracy of generated answers: HumanEval pass@1 (code run in the sandbox) and checked math (exact match)."""
 
 from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+from .math_problems import extract_answer
 from .sandbox import Limits, Outcome, run_program
-from .workloads import final_answer_correct
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
 
@@ -40,5 +40,16 @@ def score_humaneval(problems: list[dict], completions: list[str], limits: Limits
         return list(pool.map(lambda source: run_program(source, limits), programs))
 
 
-def score_word_problems(answers: list[str], texts: list[str]) -> list[bool]:
-    return [final_answer_correct(text, answer) for answer, text in zip(answers, texts, strict=True)]
+def score_math(expected: dict[str, int], outputs: list[dict]) -> dict:
+    """Checked math: the share of replies whose integer (`extract_answer`) equals the expected one,
+    and for each other reply what it gave. ``expected`` maps item ids to answers; ``outputs`` holds
+    ``id`` and ``text`` per reply (each gets ``extracted`` and ``correct``)."""
+    failures = {}
+    for output in outputs:
+        output["extracted"] = extract_answer(output["text"])
+        output["correct"] = output["extracted"] == expected[output["id"]]
+        if not output["correct"]:
+            failures[output["id"]] = f"expected {expected[output['id']]}, got {output['extracted']}"
+    correct = len(outputs) - len(failures)
+    return {"metric": "exact_match", "value": correct / len(outputs) if outputs else None,
+            "correct": correct, "n": len(outputs), "failures": failures}

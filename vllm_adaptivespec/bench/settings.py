@@ -7,9 +7,14 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .math_problems import DEFAULT_SEED
 from .workloads import WORKLOADS
+
+# What a mode runs unless --workloads says otherwise. Checked math (`math`) is in the full mode; the
+# shorter modes keep the two workloads their timings were measured with and take it on request.
+SPEED_WORKLOADS = ("humaneval", "general")
 
 # Fixed HumanEval subset of the quick mode: problems whose answers are a few lines, so short
 # generations still finish them and pass@1 means something.
@@ -25,13 +30,15 @@ LEAN_HUMANEVAL = sorted(TREE_HUMANEVAL + [1, 6, 19, 20, 32, 39, 59, 75, 94, 99, 
 
 # Cells of at least 1,500 output tokens, batch 1 and 8, greedy, two interleaved rounds: 32 problems
 # (2,133 tokens a cell with qwen-coder; answers stop at the closing fence) and 16 general prompts
-# (1,965 tokens), measured.
+# (1,965 tokens), measured; 16 math problems when math is asked for (not measured yet).
 LONG_CELLS = {
+    "workloads": list(SPEED_WORKLOADS),
     "batches": [1, 8],
     "temperatures": [0.0],
     "humaneval_problems": LEAN_HUMANEVAL,
     "general_limit": 16,
-    "max_tokens": {"humaneval": 160, "general": 128},
+    "math_limit": 16,
+    "max_tokens": {"humaneval": 160, "general": 128, "math": 192},
     "budget_minutes": None,
     "repeats": 2,
 }
@@ -44,11 +51,13 @@ PRESETS: dict[str, dict] = {
     "quick": {
         "configs": ["ar", "static-k4", "policy-only", "margin-k4", "adaptive"],
         "taus": [0.5],
+        "workloads": list(SPEED_WORKLOADS),
         "batches": [1],
         "temperatures": [0.0],
         "humaneval_problems": QUICK_HUMANEVAL,
         "general_limit": 4,
-        "max_tokens": {"humaneval": 64, "general": 40},
+        "math_limit": 4,
+        "max_tokens": {"humaneval": 64, "general": 40, "math": 128},
         "budget_minutes": 14.0,
     },
     # Trees against chains and stock vLLM speculation at batch 1 and 8, lossless and with the margin
@@ -57,11 +66,13 @@ PRESETS: dict[str, dict] = {
         "configs": ["ar", "ngram", "static-k2", "static-k4", "policy-only", "adaptive", "static-tree",
                     "tree-policy-only", "adaptive-tree"],
         "taus": [0.5],
+        "workloads": list(SPEED_WORKLOADS),
         "batches": [1, 8],
         "temperatures": [0.0],
         "humaneval_problems": TREE_HUMANEVAL,
         "general_limit": 8,
-        "max_tokens": {"humaneval": 128, "general": 96},
+        "math_limit": 8,
+        "max_tokens": {"humaneval": 128, "general": 96, "math": 160},
         "budget_minutes": None,
     },
     # The plugin's own cost: AdaptiveSpec pinned to static-k2's and static-k4's shape, each run right after
@@ -82,15 +93,18 @@ PRESETS: dict[str, dict] = {
         "taus": [0.5],
         **LONG_CELLS,
     },
-    # The whole matrix of the issue: all 164 problems, all prompts, both batch sizes and temperatures.
+    # The whole matrix of the issue: all 164 problems, all prompts, all 240 math problems, both batch sizes
+    # and temperatures.
     "full": {
         "configs": ["all"],
         "taus": [0.9, 0.7, 0.5, 0.3, 0.1],
+        "workloads": list(WORKLOADS),
         "batches": [1, 8],
         "temperatures": [0.0, 0.7],
         "humaneval_problems": None,
         "general_limit": None,
-        "max_tokens": {"humaneval": 384, "general": 256},
+        "math_limit": None,
+        "max_tokens": {"humaneval": 384, "general": 256, "math": 320},
         "budget_minutes": None,
     },
 }
@@ -113,6 +127,9 @@ class BenchSettings(BaseModel):
     humaneval_problems: list[int] | None
     humaneval_format: Literal["continue", "restate"] = "continue"
     general_limit: int | None
+    # Checked math: how many of the generated problems (the first N, kinds in turn; None = all 240) and their seed.
+    math_limit: int | None = Field(None, ge=1)
+    math_seed: int = DEFAULT_SEED
     max_tokens: dict[str, int]
     max_model_len: int = 2048
     enforce_eager: bool = True
@@ -132,6 +149,13 @@ class BenchSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
         return value
+
+    @model_validator(mode="after")
+    def _lengths_for_every_workload(self) -> "BenchSettings":
+        missing = [w for w in self.workloads if w not in self.max_tokens]
+        if missing:
+            raise ValueError(f"no max_tokens for workloads {missing}")
+        return self
 
     @field_validator("batches")
     @classmethod
@@ -170,4 +194,9 @@ class BenchSettings(BaseModel):
         keys = ("target", "drafter", "workloads", "humaneval_problems", "humaneval_format", "general_limit",
                 "max_tokens", "max_model_len", "enforce_eager", "dtype")
         data = {k: getattr(self, k) for k in keys}
+        # Math enters only when it runs, so runs without it keep the fingerprint they had before it existed.
+        if "math" in self.workloads:
+            data.update(math_limit=self.math_limit, math_seed=self.math_seed)
+        else:
+            data["max_tokens"] = {k: v for k, v in self.max_tokens.items() if k != "math"}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,4 +1,5 @@
-"""The two workloads: HumanEval (code, pass@1 measurable) and general instructions.
+"""The workloads: HumanEval (code, pass@1), checked math (exact integer answers) and general
+instructions (speed only: free-form answers, nothing graded).
 
 A workload is a list of `Item`s: chat messages plus what scoring needs. The worker turns the
 messages into a prompt with the target's chat template (plain text when it has none).
@@ -7,11 +8,12 @@ messages into a prompt with the target's chat template (plain text when it has n
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOADS = ("humaneval", "general")
+from . import math_problems
+
+WORKLOADS = ("humaneval", "general", "math")
 GENERAL_PROMPTS = Path(__file__).parent / "data" / "general_prompts.json"
 
 # Two ways to ask for a HumanEval answer (both end at a closing fence: "\n```\n"; a fence opening a
@@ -41,7 +43,7 @@ class Item:
     # Text the answer continues (the opening of the assistant turn); empty for a free answer.
     answer_prefix: str = ""
     stop: list[str] = field(default_factory=list)
-    # HumanEval: the problem (prompt, test, entry_point); word problems: the expected answer.
+    # HumanEval: the problem (prompt, test, entry_point); math: the expected answer (an int) and its kind.
     reference: dict = field(default_factory=dict)
 
 
@@ -76,39 +78,35 @@ def humaneval_items(limit: list[int] | None = None, form: str = "continue") -> l
 
 
 def general_items(limit: int | None = None, path: Path = GENERAL_PROMPTS) -> list[Item]:
-    """The project's general-instruction prompts; ``limit`` takes an evenly spread fixed subset."""
+    """The project's general-instruction prompts; ``limit`` takes an evenly spread fixed subset.
+
+    Nothing in them is graded (their word problems included): this workload measures speed only.
+    """
     records = json.loads(path.read_text())["prompts"]
     if limit is not None and limit < len(records):
         step = len(records) / limit
         records = [records[int(i * step)] for i in range(limit)]
+    return [Item(id=r["id"], messages=[{"role": "user", "content": r["prompt"]}]) for r in records]
+
+
+def math_items(limit: int | None = None, seed: int = math_problems.DEFAULT_SEED,
+               count: int = math_problems.DEFAULT_COUNT) -> list[Item]:
+    """Checked math: the ``count`` word problems generated from ``seed``, or the first ``limit`` of them
+    (the kinds take turns, so any first few mix them; see `math_problems`)."""
     return [
-        Item(
-            id=r["id"],
-            messages=[{"role": "user", "content": r["prompt"]}],
-            reference={"answer": r["answer"]} if "answer" in r else {},
-        )
-        for r in records
+        Item(id=p.id, messages=[{"role": "user", "content": math_problems.prompt(p)}],
+             reference={"answer": p.answer, "kind": p.kind})
+        for p in math_problems.generate(count, seed)[:limit]
     ]
 
 
-def load(name: str, humaneval_problems: list[int] | None, general_limit: int | None,
-         humaneval_format: str = "continue") -> list[Item]:
+def load(name: str, humaneval_problems: list[int] | None = None, general_limit: int | None = None,
+         humaneval_format: str = "continue", math_limit: int | None = None,
+         math_seed: int = math_problems.DEFAULT_SEED) -> list[Item]:
     if name == "humaneval":
         return humaneval_items(humaneval_problems, humaneval_format)
     if name == "general":
         return general_items(general_limit)
+    if name == "math":
+        return math_items(math_limit, math_seed)
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-
-
-_NUMBER = re.compile(r"\d+(?:[.:]\d+)?")
-
-
-def final_answer_correct(text: str, answer: str) -> bool:
-    """Word problems: the last number in the answer (``5:15`` counts as one) equals the expected one."""
-    found = _NUMBER.findall(text.replace(",", ""))
-    if not found:
-        return False
-    last = found[-1]
-    if ":" in answer or ":" in last:
-        return last == answer
-    return abs(float(last) - float(answer)) < 1e-6
