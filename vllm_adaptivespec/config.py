@@ -90,7 +90,8 @@ class AdaptiveSpecConfig(BaseModel):
         le=1_000_000,
         description="After this many steps in a row with speculation off, one step drafts min_depth anyway for "
         "every request that went that long without a draft, to refresh the acceptance estimates (the cost of "
-        "looking).",
+        "looking); each probe after which speculation stays off doubles the wait, up to 16x. No probes where "
+        "the measured costs say even a never-wrong drafter could not pay.",
     )
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(
