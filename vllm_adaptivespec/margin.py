@@ -138,9 +138,13 @@ def _result(
 
 
 def verify_greedy(
+    # [B, N+1, V]: row 0 = the target's logits after the context, row i+1 = after node i
     target_logits: torch.Tensor,
+    # B trees of at most N nodes (tokens, parents, depths [B, N])
     trees: DraftTrees,
+    # float, or [B] float: margin threshold per sequence (>= 1: strict matching)
     tau: float | torch.Tensor = 1.0,
+    # [B] long: promotions a sequence may use on its path (None: no limit)
     promotion_allowance: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Greedy (temperature 0) verification; ``target_logits`` [B, N+1, V] (see the module docstring)."""
@@ -299,12 +303,18 @@ def _break_ties(target_logits, trees, rows, token_logit, path_ok, num_accepted, 
 
 
 def verify_sampled(
+    # [B, N+1, V]: processed target probabilities, rows as in `verify_greedy`, each summing to 1
     target_probs: torch.Tensor,
+    # B trees of at most N nodes (tokens, parents, depths [B, N])
     trees: DraftTrees,
+    # float, or [B] float: margin threshold per sequence (>= 1: exact rejection sampling)
     tau: float | torch.Tensor = 1.0,
+    # [B] long: promotions a sequence may use on its path (None: no limit)
     promotion_allowance: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    # [B, N, V] or None (one-hot drafts): row i = the distribution node i's token was drawn from
     draft_probs: torch.Tensor | None = None,
+    # [B, N] or None: the per-node uniform draws (tests)
     uniforms: torch.Tensor | None = None,
     generators: dict[int, torch.Generator] | None = None,
 ) -> VerifyResult:
@@ -396,6 +406,7 @@ def uniform_draws(
 
 
 def sample_from_weights(
+    # [B, V]: non-negative, positive total per row
     weights: torch.Tensor,
     generator: torch.Generator | None = None,
     generators: dict[int, torch.Generator] | None = None,

@@ -47,6 +47,37 @@ def test_plugin_patches_exactly_the_contract():
     assert sorted(f"{p.owner}.{p.name}" for p in applied_patches()) == sorted(expected)
 
 
+def test_every_declared_patch_is_applied():
+    """A patch declared in the package but left out of `register()` would be dead code (a patch class)
+    or refuse to act (a scoped swap, an env switch): every one must be applied."""
+    import pkgutil
+
+    from vllm.platforms import current_platform
+
+    import vllm_adaptivespec.engine as engine
+    from vllm_adaptivespec.engine import plugin
+    from vllm_adaptivespec.engine.patching import EnvSwitch, ScopedSwap, VllmPatch
+
+    plugin.register()
+    declared = []
+    for info in pkgutil.iter_modules(engine.__path__):
+        try:
+            module = importlib.import_module(f"{engine.__name__}.{info.name}")
+        except ImportError:  # tree_attention_cuda needs flash-attn (it declares no patch)
+            continue
+        for value in vars(module).values():
+            for item in value if isinstance(value, tuple) else (value,):
+                # XPatch(VllmPatch[X]): neither the base nor the VllmPatch[X] between them
+                named_patch = isinstance(item, type) and issubclass(item, VllmPatch) and VllmPatch not in item.__bases__
+                if named_patch and item is not VllmPatch and item.__module__ == module.__name__:
+                    declared.append((item.__qualname__, "stock" in vars(item)))
+                elif isinstance(item, (ScopedSwap, EnvSwitch)):
+                    declared.append((repr(item), item.is_applied))
+    cpu_only = {f"ScopedSwap({name})" for name in CONTRACT["patched_on_cpu"]}
+    assert len(declared) >= 10
+    assert [name for name, ok in declared if not ok and (current_platform.is_cpu() or name not in cpu_only)] == []
+
+
 @pytest.mark.parametrize("dotted, params", sorted(CONTRACT["signatures"].items()))
 def test_wrapped_symbols_keep_their_signature(dotted, params):
     target = _resolve_original(dotted)

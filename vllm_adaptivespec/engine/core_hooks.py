@@ -6,13 +6,13 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 from vllm_adaptivespec.engine.metrics import add_step_stats
-from vllm_adaptivespec.engine.patching import wrap
+from vllm_adaptivespec.engine.patching import VllmPatch
 
 
-def install() -> None:
-    @wrap(Scheduler, "update_from_output", "copy AdaptiveSpec step stats into the step's stats")
-    def update_from_output(original, self, scheduler_output, model_runner_output, *args, **kwargs):
-        outputs = original(self, scheduler_output, model_runner_output, *args, **kwargs)
+class SchedulerPatch(VllmPatch[Scheduler]):
+    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        """copy AdaptiveSpec step stats into the step's stats"""
+        outputs = SchedulerPatch.stock.update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs)
         step = getattr(model_runner_output, "adaptivespec", None)
         if step is None:
             return outputs

@@ -14,38 +14,41 @@ from vllm.v1.engine.input_processor import InputProcessor
 from vllm_adaptivespec import __version__
 from vllm_adaptivespec.config import AdaptiveSpecConfigError
 from vllm_adaptivespec.engine.compat import require_supported_vllm
-from vllm_adaptivespec.engine.patching import EnvSwitch, wrap
+from vllm_adaptivespec.engine.patching import EnvSwitch, VllmPatch
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.settings import debug_settings, raw_settings, resolve, settings_for
 
 logger = init_logger("vllm.adaptivespec")
 
 
-def install() -> None:
-    # Our hooks live in the V1 model runner; CUDA defaults to Model Runner V2.
-    v1_runner = EnvSwitch("VLLM_USE_V2_MODEL_RUNNER", "0", "AdaptiveSpec hooks vLLM's V1 model runner")
+# Our hooks live in the V1 model runner; CUDA defaults to Model Runner V2.
+V1_RUNNER = EnvSwitch("VLLM_USE_V2_MODEL_RUNNER", "0", "AdaptiveSpec hooks vLLM's V1 model runner")
 
-    @wrap(EngineArgs, "create_engine_config", "validate AdaptiveSpec settings at startup")
-    def create_engine_config(original, self, *args, **kwargs):
+
+class EngineArgsPatch(VllmPatch[EngineArgs]):
+    def create_engine_config(self, *args, **kwargs):
+        """validate AdaptiveSpec settings at startup"""
         raw = raw_settings(self.additional_config)
         if raw is None:
-            return original(self, *args, **kwargs)
+            return EngineArgsPatch.stock.create_engine_config(self, *args, **kwargs)
         require_supported_vllm()
         # The V1 runner, and synchronous scheduling (draft lengths differ per request).
-        v1_runner.apply()
+        V1_RUNNER.set()
         if self.async_scheduling:
             logger.warning("AdaptiveSpec: async scheduling is turned off (per-request draft lengths)")
         self.async_scheduling = False
         _use_tree_attention_backend(self)
-        vllm_config = original(self, *args, **kwargs)
+        vllm_config = EngineArgsPatch.stock.create_engine_config(self, *args, **kwargs)
         config = resolve(raw, vllm_config.speculative_config)
         debug_settings(vllm_config)
         logger.info("AdaptiveSpec %s active: %s", __version__, config.model_dump_json())
         return vllm_config
 
-    @wrap(InputProcessor, "_validate_params", "reject bad per-request AdaptiveSpec values with 400")
-    def _validate_params(original, self, params, *args, **kwargs):
-        result = original(self, params, *args, **kwargs)
+
+class InputProcessorPatch(VllmPatch[InputProcessor]):
+    def _validate_params(self, params, *args, **kwargs):
+        """reject bad per-request AdaptiveSpec values with 400"""
+        result = InputProcessorPatch.stock._validate_params(self, params, *args, **kwargs)
         if not hasattr(self, "_adaptivespec_config"):
             self._adaptivespec_config = settings_for(self.vllm_config)
         config = self._adaptivespec_config

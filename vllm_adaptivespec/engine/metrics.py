@@ -13,7 +13,7 @@ import prometheus_client
 from vllm.v1.spec_decode import metrics as vllm_sd_metrics
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_adaptivespec.engine.patching import add_dataclass_fields, wrap
+from vllm_adaptivespec.engine.patching import DataclassFields, VllmPatch
 
 PROMOTED = "vllm:adaptivespec_promoted_tokens"
 DEPTH = "vllm:adaptivespec_draft_depth"
@@ -27,11 +27,10 @@ _EXTRA_FIELDS = {
 }
 
 
-def extend_spec_decoding_stats() -> None:
-    """Add our fields to vLLM's SpecDecodingStats dataclass (msgspec then encodes/decodes them)."""
-    add_dataclass_fields(
-        vllm_sd_metrics.SpecDecodingStats, _EXTRA_FIELDS, "carry AdaptiveSpec step stats to the front end"
-    )
+# Our fields on vLLM's SpecDecodingStats dataclass (msgspec then encodes/decodes them).
+STATS_FIELDS = DataclassFields(
+    vllm_sd_metrics.SpecDecodingStats, _EXTRA_FIELDS, "carry AdaptiveSpec step stats to the front end"
+)
 
 
 def add_step_stats(spec_decoding_stats, step) -> None:
@@ -48,14 +47,13 @@ def add_step_stats(spec_decoding_stats, step) -> None:
         spec_decoding_stats.adaptivespec_draft_cost = step.draft_cost
 
 
-def install_frontend_metrics() -> None:
-    """Prometheus counter, histogram and gauge, and the extra figures on vLLM's spec-decode log line."""
-    prom_cls = vllm_sd_metrics.SpecDecodingProm
-    logging_cls = vllm_sd_metrics.SpecDecodingLogging
+class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
+    """Prometheus counters, histogram and gauge beside vLLM's spec-decode ones."""
 
-    @wrap(prom_cls, "__init__", "create AdaptiveSpec counters beside vLLM's spec-decode counters")
-    def __init__(original, self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
-        original(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
+    def __init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs):
+        """create AdaptiveSpec counters beside vLLM's spec-decode counters"""
+        stock = SpecDecodingPromPatch.stock
+        stock.__init__(self, speculative_config, labelnames, per_engine_labelvalues, *args, **kwargs)
         self.adaptivespec_promoted = None
         if not self.spec_decoding_enabled or speculative_config is None:
             return
@@ -98,9 +96,9 @@ def install_frontend_metrics() -> None:
             per_engine_labelvalues,
         )
 
-    @wrap(prom_cls, "observe", "feed AdaptiveSpec counters from the step's SpecDecodingStats")
-    def observe(original, self, spec_decoding_stats, engine_idx=0, *args, **kwargs):
-        original(self, spec_decoding_stats, engine_idx, *args, **kwargs)
+    def observe(self, spec_decoding_stats, engine_idx=0, *args, **kwargs):
+        """feed AdaptiveSpec counters from the step's SpecDecodingStats"""
+        SpecDecodingPromPatch.stock.observe(self, spec_decoding_stats, engine_idx, *args, **kwargs)
         if getattr(self, "adaptivespec_promoted", None) is None:
             return
         self.adaptivespec_promoted[engine_idx].inc(spec_decoding_stats.adaptivespec_promoted)
@@ -112,16 +110,20 @@ def install_frontend_metrics() -> None:
         if spec_decoding_stats.adaptivespec_draft_cost >= 0:
             self.adaptivespec_draft_cost[engine_idx].set(spec_decoding_stats.adaptivespec_draft_cost)
 
-    @wrap(logging_cls, "reset", "also reset AdaptiveSpec's log-line accumulators")
-    def reset(original, self):
-        original(self)
+
+class SpecDecodingLoggingPatch(VllmPatch[vllm_sd_metrics.SpecDecodingLogging]):
+    """The extra AdaptiveSpec figures on vLLM's periodic spec-decode log line."""
+
+    def reset(self):
+        """also reset AdaptiveSpec's log-line accumulators"""
+        SpecDecodingLoggingPatch.stock.reset(self)
         self.adaptivespec_promoted = 0
         self.adaptivespec_depth_counts = np.zeros(0, dtype=np.int64)
         self.adaptivespec_draft_cost = -1.0
 
-    @wrap(logging_cls, "observe", "accumulate AdaptiveSpec figures for the periodic log line")
-    def log_observe(original, self, spec_decoding_stats):
-        original(self, spec_decoding_stats)
+    def observe(self, spec_decoding_stats):
+        """accumulate AdaptiveSpec figures for the periodic log line"""
+        SpecDecodingLoggingPatch.stock.observe(self, spec_decoding_stats)
         self.adaptivespec_promoted += spec_decoding_stats.adaptivespec_promoted
         if spec_decoding_stats.adaptivespec_draft_cost >= 0:
             self.adaptivespec_draft_cost = spec_decoding_stats.adaptivespec_draft_cost
@@ -133,12 +135,12 @@ def install_frontend_metrics() -> None:
             total[: self.adaptivespec_depth_counts.size] += self.adaptivespec_depth_counts
             self.adaptivespec_depth_counts = total
 
-    @wrap(logging_cls, "log", "append AdaptiveSpec figures to vLLM's spec-decode log line")
-    def log(original, self, log_fn=vllm_sd_metrics.logger.info):
+    def log(self, log_fn=vllm_sd_metrics.logger.info):
+        """append AdaptiveSpec figures to vLLM's spec-decode log line"""
         promoted, counts = self.adaptivespec_promoted, self.adaptivespec_depth_counts
         draft_cost = self.adaptivespec_draft_cost
         had_drafts = bool(self.num_drafts)
-        original(self, log_fn)
+        SpecDecodingLoggingPatch.stock.log(self, log_fn)
         if had_drafts and counts.size:
             mean_depth = float((counts * np.arange(counts.size)).sum() / max(counts.sum(), 1))
             log_fn(

@@ -1,9 +1,27 @@
 """Margin verification in place of vLLM's strict rejection sampling.
 
-Replaces `vllm.v1.sample.rejection_sampler.rejection_sample` (same signature). vLLM's
-`RejectionSampler.forward` still computes bonus tokens and applies logits processors, penalties,
-temperature and top-k/top-p; we only swap the accept/reject decision for `margin.py`'s, and only
-while an AdaptiveSpec runner is verifying (stock behaviour otherwise).
+An AdaptiveSpec runner is built with `MarginRejectionSampler` as its ``rejection_sampler`` (a subclass
+of vLLM's `RejectionSampler`, which still computes the bonus tokens and applies logits processors,
+penalties, temperature and top-k/top-p); only the accept/reject decision is `margin.py`'s, and only
+while the runner verifies (stock behaviour otherwise, e.g. in vLLM's warm-up runs).
+
+Terms, per request (the ones of vLLM's `rejection_sampler.py` plus ours):
+* node: one draft token of a request's draft tree, as vLLM schedules it (flattened in node order,
+  parents before children); a chain is the tree whose node i has parent i - 1. The root is the
+  request's last committed token; it is not a node.
+* level (depth): a node's distance from the root (children of the root: level 1); the drafter adds
+  one level per pass.
+* accepted: a node the target agrees with, every node on its root path accepted as well: under
+  greedy sampling its token is the target's argmax after its parent, under random sampling it passes
+  speculative rejection sampling (`margin.verify_sampled`). The accepted nodes of a request are one
+  root path, at most one node per level.
+* promoted: an accepted node strict verification would have rejected, accepted by the margin rule
+  ``p(token) / p(top1) >= tau`` (tau < 1) within the request's promotion allowance for this step.
+* bonus: the target's token after the last node of a fully accepted path (vLLM samples it from the
+  bonus logits, beside the draft rows); when a node is rejected, its place in the output holds the
+  target's own token instead (vLLM's "recovered" token).
+* output tokens: the accepted nodes' tokens, then that one next token, placeholder-padded to
+  ``max_spec_len + 1`` per request (vLLM's layout).
 
 Three paths, cheapest first:
 * chains that cannot promote (every request at tau 1 or out of allowance): vLLM's own
@@ -15,11 +33,14 @@ Three paths, cheapest first:
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 from vllm.v1.sample import rejection_sampler as vllm_rejection
 
-from vllm_adaptivespec.engine.state import Verification
+from vllm_adaptivespec.engine import cpu_fixes
+from vllm_adaptivespec.engine.patching import ScopedSwap
+from vllm_adaptivespec.engine.state import AdaptiveState, Verification
 from vllm_adaptivespec.margin import verify_greedy, verify_greedy_chains, verify_sampled
 from vllm_adaptivespec.tree import DraftTrees
 
@@ -27,15 +48,43 @@ _GREEDY_TEMPERATURE = getattr(vllm_rejection.GREEDY_TEMPERATURE, "value", vllm_r
 _PLACEHOLDER = getattr(vllm_rejection.PLACEHOLDER_TOKEN_ID, "value", vllm_rejection.PLACEHOLDER_TOKEN_ID)
 
 _stock_rejection_sample = vllm_rejection.rejection_sample
-_active: Verification | None = None
+
+# vLLM's `RejectionSampler.forward` calls the module function `rejection_sample` by its global name and
+# offers no method to override in between (logits processing before it, logprobs after it). Rather than
+# copy that forward, ours swaps the name for the length of its own call, to a partial that carries the
+# step's Verification explicitly: the swap holds no state, and stock code paths never see it.
+REJECTION_SAMPLE = ScopedSwap(
+    vllm_rejection, "rejection_sample", "margin-rule verification inside MarginRejectionSampler.forward"
+)
 
 
-def set_active(verification: Verification | None) -> None:
-    global _active
-    _active = verification
+class MarginRejectionSampler(vllm_rejection.RejectionSampler):
+    """vLLM's rejection sampler, deciding acceptance by the margin rule while its runner verifies.
+
+    Built by vLLM's runner constructor in place of `RejectionSampler` (the runner hook's scoped swap);
+    the hook then attaches the runner's `AdaptiveState`, whose ``verification`` is set for the length
+    of each verifying `_sample` call."""
+
+    adaptive_state: AdaptiveState
+
+    def forward(
+        self,
+        metadata,  # vLLM's SpecDecodeMetadata: draft tokens [num_tokens], num_draft_tokens [B], ...
+        # [num_tokens, vocab_size] or None (one-hot drafts)
+        draft_probs: torch.Tensor | None,
+        # [num_tokens + batch_size, vocab_size]: the target's logits at every draft and bonus position
+        logits: torch.Tensor,
+        sampling_metadata,
+    ):
+        verification = self.adaptive_state.verification
+        if verification is None:
+            return super().forward(metadata, draft_probs, logits, sampling_metadata)
+        with REJECTION_SAMPLE.applied(partial(margin_rejection_sample, verification)), cpu_fixes.while_verifying():
+            return super().forward(metadata, draft_probs, logits, sampling_metadata)
 
 
 def margin_rejection_sample(
+    verification: Verification,
     # [num_tokens]: every request's drafts, concatenated
     draft_token_ids: torch.Tensor,
     # [batch_size]: drafts per request
@@ -53,19 +102,19 @@ def margin_rejection_sample(
     *args,
     **kwargs,
 ) -> torch.Tensor:
-    """[batch_size, max_spec_len + 1] int32 output tokens, placeholder-padded (vLLM's layout)."""
-    verification = _active
-    if verification is None or (verification.trees is None and not verification.may_promote()):
+    """vLLM's `rejection_sample` with the margin rule for ``verification``'s batch (the arguments after
+    it are vLLM's); returns [batch_size, max_spec_len + 1] int32 output tokens, placeholder-padded."""
+    if verification.trees is None and not verification.may_promote():
         output = _stock_rejection_sample(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
             target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
         )  # fmt: skip
-        if verification is not None:  # strict chains: read the accepted counts off vLLM's output
-            started = time.perf_counter()
-            num_accepted = ((output != _PLACEHOLDER).sum(1) - 1).clamp(min=0)  # accepted drafts + one next token
-            verification.num_accepted = num_accepted.tolist()
-            verification.num_promoted = [0] * len(num_draft_tokens)
-            verification.overhead_seconds += time.perf_counter() - started
+        # Strict chains: read the accepted counts off vLLM's output.
+        started = time.perf_counter()
+        num_accepted = ((output != _PLACEHOLDER).sum(1) - 1).clamp(min=0)  # accepted drafts + one next token
+        verification.num_accepted = num_accepted.tolist()
+        verification.num_promoted = [0] * len(num_draft_tokens)
+        verification.overhead_seconds += time.perf_counter() - started
         return output
     started = time.perf_counter()
     if verification.trees is None and sampling_metadata.all_greedy:
@@ -87,12 +136,18 @@ def margin_rejection_sample(
 
 def _padded_rejection_sample(
     verification: Verification,
+    # [num_tokens]: every request's drafts, concatenated
     draft_token_ids: torch.Tensor,
+    # [batch_size]: drafts per request
     num_draft_tokens: list[int],
     max_spec_len: int,
+    # [batch_size]: cumulative sum of num_draft_tokens
     cu_num_draft_tokens: torch.Tensor,
+    # [num_tokens, vocab_size] or None (one-hot drafts)
     draft_probs: torch.Tensor | None,
+    # [num_tokens, vocab_size] float32, processed for sampled requests
     target_logits: torch.Tensor,
+    # [batch_size, 1]
     bonus_token_ids: torch.Tensor,
     sampling_metadata,
 ) -> torch.Tensor:
@@ -152,7 +207,13 @@ def _padded_rejection_sample(
     return output
 
 
-def _trees(verification: Verification, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTrees:
+def _trees(
+    verification: Verification,
+    # [batch_size, max_spec_len] long: each request's drafts in node order, -1 padded
+    tokens: torch.Tensor,
+    # [batch_size] long: drafts per request
+    counts: torch.Tensor,
+) -> DraftTrees:
     """The scheduled drafts as trees: the runner's tree layout when it has one, else chains.
 
     The target's rows already follow the core's convention (row 0: after the root, row i+1: after

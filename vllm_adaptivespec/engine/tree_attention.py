@@ -5,10 +5,12 @@ so rows must instead see the request's cached prefix plus their own root path. F
 tree we therefore gather the prefix keys/values from the paged cache (``paged_kv``) and run one
 masked SDPA; every other row keeps the stock kernel's result.
 
-* Target: ``VerificationPlan`` (set for the duration of one target forward) names the batch rows
-  whose query block ``[root, node 0, ..., node N-1]`` is a real tree; the root and each node see the
-  prefix, the root, and the node's ancestors (``query_tree_mask``); positions are
-  ``context + depth`` (``query_positions``). Chains need neither: the causal kernel is exact.
+* Target: ``VerificationPlan`` names the batch rows of one target forward whose query block
+  ``[root, node 0, ..., node N-1]`` is a real tree; the root and each node see the prefix, the root,
+  and the node's ancestors (``query_tree_mask``); positions are ``context + depth``
+  (``query_positions``). Chains need neither: the causal kernel is exact. The runner builds the plan
+  and hands it to the attention layers on that forward's attention metadata
+  (``attach_verification_plan``), never through module state.
 * Drafter: ``DraftTreeAttention`` is passed as the attention metadata of the drafter's tree passes.
   Those passes write nothing to the paged cache: each pass's keys/values are kept beside it, so the
   frontier nodes of every level see the prefix plus the nodes on their own root path.
@@ -26,17 +28,22 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from vllm_adaptivespec.engine.paged_kv import CpuPagedKV, FlashPagedKV
 from vllm_adaptivespec.tree import DraftTrees
 
-_active_plan: VerificationPlan | None = None
+# The attribute of a target forward's per-layer attention metadata that carries its VerificationPlan.
+_PLAN = "adaptivespec_verification_plan"
 
 
-def set_verification_plan(plan: VerificationPlan | None) -> None:
-    """Tree rows of the target forward that is about to run (None: no tree in this step)."""
-    global _active_plan
-    _active_plan = plan
+def attach_verification_plan(attn_metadata, plan: VerificationPlan) -> None:
+    """Give every layer of the target forward ``plan``: ``attn_metadata`` is the runner's per-layer
+    metadata of that forward (``{layer name: metadata}``, objects shared by the layers of a group)."""
+    if not isinstance(attn_metadata, dict):
+        raise NotImplementedError("AdaptiveSpec trees do not support micro-batched forwards")
+    for metadata in attn_metadata.values():
+        setattr(metadata, _PLAN, plan)
 
 
-def verification_plan() -> VerificationPlan | None:
-    return _active_plan
+def verification_plan(attn_metadata) -> VerificationPlan | None:
+    """The tree rows of the forward ``attn_metadata`` belongs to (None: no tree, or no metadata)."""
+    return getattr(attn_metadata, _PLAN, None)
 
 
 def query_tree_mask(trees: DraftTrees) -> torch.Tensor:
@@ -51,13 +58,21 @@ def query_tree_mask(trees: DraftTrees) -> torch.Tensor:
     return mask
 
 
-def query_positions(trees: DraftTrees, context_len: torch.Tensor) -> torch.Tensor:
+def query_positions(
+    trees: DraftTrees,  # B trees of at most N nodes
+    context_len: torch.Tensor,  # [B] long: cached tokens before each query block
+) -> torch.Tensor:
     """[B, 1+N] positions of the query block: the root at ``context_len``, node j at context + depth."""
     root = context_len.to(trees.device).long()[:, None]
     return torch.cat([root, trees.positions(context_len.long())], dim=1)
 
 
-def paged_kv(impl, layer, kv_cache: torch.Tensor):
+def paged_kv(
+    impl,
+    layer,
+    # [num_blocks, num_kv_heads, block_size, 2 * head_size] (CPU_ATTN and FLASH_ATTN alike)
+    kv_cache: torch.Tensor,
+):
     """Token-row access to the cache of ``layer`` (the impl tells which backend layout it uses)."""
     check_supported(impl)
     if isinstance(impl, CPUAttentionBackendImpl):
@@ -80,7 +95,11 @@ def check_supported(impl) -> None:
         raise NotImplementedError(f"AdaptiveSpec tree attention does not support {', '.join(unsupported)}")
 
 
-def gather_prefix(cache, block_table: torch.Tensor, prefix_len: torch.Tensor):
+def gather_prefix(
+    cache,  # CpuPagedKV or FlashPagedKV
+    block_table: torch.Tensor,  # [R, max_blocks]: each request's cache blocks
+    prefix_len: torch.Tensor,  # [R] long: tokens to read per request
+):
     """Cached keys/values of each request's first ``prefix_len`` tokens.
 
     ``block_table`` [R, max_blocks] -> keys, values [R, kv_heads, P, D] and valid [R, P] bool."""
@@ -94,7 +113,16 @@ def gather_prefix(cache, block_table: torch.Tensor, prefix_len: torch.Tensor):
     return keys, values, valid
 
 
-def attend_with_prefix(query, prefix_keys, prefix_values, prefix_valid, keys, values, mask, scale: float):
+def attend_with_prefix(
+    query: torch.Tensor,  # [R, Q, num_heads, head_size]
+    prefix_keys: torch.Tensor,  # [R, num_kv_heads, P, head_size]
+    prefix_values: torch.Tensor,  # [R, num_kv_heads, P, head_size]
+    prefix_valid: torch.Tensor,  # [R, P] bool
+    keys: torch.Tensor,  # [R, E, num_kv_heads, head_size]
+    values: torch.Tensor,  # [R, E, num_kv_heads, head_size]
+    mask: torch.Tensor,  # [R, Q, E] bool: query q may attend to key e
+    scale: float,
+) -> torch.Tensor:
     """SDPA of ``query`` [R, Q, H, D] over a visible prefix ([R, Hkv, P, D] + valid [R, P]) and
     further keys/values [R, E, Hkv, D] under ``mask`` [R, Q, E]; returns [R, Q, H, D] (float32)."""
     rows, width = query.shape[:2]
@@ -111,7 +139,16 @@ class VerificationPlan:
     """The tree rows of one target forward: which batch rows, where their query block starts,
     how many cached tokens precede it, and the mask over the block."""
 
-    def __init__(self, batch_rows, query_start, query_len, context_len, mask: torch.Tensor, num_tokens: int, device):
+    def __init__(
+        self,
+        batch_rows,  # [R]: the batch rows that hold real trees
+        query_start,  # [R]: each one's first query row in the forward (its root)
+        query_len,  # [R]: 1 + its nodes
+        context_len,  # [R]: cached tokens before its query block
+        mask: torch.Tensor,  # [R, Q, Q] bool, Q = 1 + the most nodes: ``query_tree_mask`` of those rows
+        num_tokens: int,  # query rows of the whole forward
+        device,
+    ):
         self.batch_rows = torch.as_tensor(batch_rows, dtype=torch.long, device=device)
         self.context_len = torch.as_tensor(context_len, dtype=torch.long, device=device)
         self.mask = mask.to(device)  # [R, Q, Q]
@@ -123,7 +160,17 @@ class VerificationPlan:
         self.real = torch.arange(width, device=device)[None, :] < length[:, None]
         self.used = False  # set by the first layer that applies it (a backend that ignores it is a bug)
 
-    def attend(self, impl, layer, query, key, value, kv_cache, metadata, output) -> None:
+    def attend(
+        self,
+        impl,
+        layer,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, 2 * head_size], this step's rows written
+        metadata,  # the layer's attention metadata (num_actual_tokens, block_table [batch, max_blocks])
+        output: torch.Tensor,  # [num_tokens, num_heads, head_size]: the stock kernel's result, tree rows overwritten
+    ) -> None:
         """Overwrite the tree rows of ``output`` with ancestor-masked attention."""
         if metadata.num_actual_tokens != self.num_tokens:
             raise RuntimeError(
@@ -145,7 +192,12 @@ class DraftTreeAttention:
     paged cache once per layer; the tree tokens of each pass get slots in a side buffer per layer,
     and ``visible[b, s]`` says which earlier slots slot s may attend to (its root path)."""
 
-    def __init__(self, block_table: torch.Tensor, prefix_len: torch.Tensor, max_tree_tokens: int):
+    def __init__(
+        self,
+        block_table: torch.Tensor,  # [B, max_blocks]: each request's drafter cache blocks
+        prefix_len: torch.Tensor,  # [B] long: cached tokens per request, the root included
+        max_tree_tokens: int,
+    ):
         self.block_table = block_table
         self.prefix_len = prefix_len.long()
         device = prefix_len.device
@@ -158,7 +210,11 @@ class DraftTreeAttention:
         self._request = self._slot = self._column = None
         self._width = 0
 
-    def begin_pass(self, request: torch.Tensor, parent_slot: torch.Tensor) -> torch.Tensor:
+    def begin_pass(
+        self,
+        request: torch.Tensor,  # [rows] long: each row's request, grouped and in order
+        parent_slot: torch.Tensor,  # [rows] long: the slot of the node the row extends (-1: the root)
+    ) -> torch.Tensor:
         """Rows of the next pass: row i belongs to ``request[i]`` (grouped, in order) and extends the
         node in ``parent_slot[i]`` (-1: the root). Returns each row's slot."""
         batch = self.count.shape[0]
@@ -178,7 +234,17 @@ class DraftTreeAttention:
         self._width = int(per_request.max()) if request.numel() else 0
         return slot
 
-    def attend(self, impl, layer, query, key, value, kv_cache, output) -> torch.Tensor:
+    def attend(
+        self,
+        impl,
+        layer,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]: the pass's rows first, then padding
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, 2 * head_size] (read only)
+        output: torch.Tensor,  # [num_tokens, num_heads, head_size]: the pass's rows written
+    ) -> torch.Tensor:
+        """Attention of the current pass's rows over their prefix and their root path's earlier slots."""
         name = layer.layer_name
         if name not in self._prefix:
             cache = paged_kv(impl, layer, kv_cache)
@@ -203,20 +269,35 @@ class DraftTreeAttention:
         return output
 
 
-class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
-    """vLLM's CPU attention, plus ancestor-masked rows for draft trees (stock when no tree is active)."""
+class TreeRowsAttention:
+    """Mixed in before one of vLLM's attention impls: its result for every row, then ancestor-masked rows
+    for draft trees (stock when the metadata carries no tree)."""
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-                output_block_scale=None):  # fmt: skip
+    def forward(
+        self,
+        layer,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # [num_blocks, num_kv_heads, block_size, 2 * head_size]
+        attn_metadata,  # the backend's metadata (with a VerificationPlan: tree rows), DraftTreeAttention, or None
+        output: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        output_scale=None,
+        output_block_scale=None,
+    ):
         if isinstance(attn_metadata, DraftTreeAttention):
             return attn_metadata.attend(self, layer, query, key, value, kv_cache, output)
         output = super().forward(
             layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
         )
-        plan = _active_plan
-        if plan is not None and attn_metadata is not None:
+        plan = verification_plan(attn_metadata)
+        if plan is not None:
             plan.attend(self, layer, query, key, value, kv_cache, attn_metadata, output)
         return output
+
+
+class TreeCPUAttentionImpl(TreeRowsAttention, CPUAttentionBackendImpl):
+    """vLLM's CPU attention, plus ancestor-masked rows for draft trees."""
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

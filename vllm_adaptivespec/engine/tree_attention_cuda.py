@@ -8,21 +8,11 @@ from __future__ import annotations
 
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 
-from vllm_adaptivespec.engine.tree_attention import DraftTreeAttention, verification_plan
+from vllm_adaptivespec.engine.tree_attention import TreeRowsAttention
 
 
-class TreeFlashAttentionImpl(FlashAttentionImpl):
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-                output_block_scale=None):  # fmt: skip
-        if isinstance(attn_metadata, DraftTreeAttention):
-            return attn_metadata.attend(self, layer, query, key, value, kv_cache, output)
-        output = super().forward(
-            layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
-        )
-        plan = verification_plan()
-        if plan is not None and attn_metadata is not None:
-            plan.attend(self, layer, query, key, value, kv_cache, attn_metadata, output)
-        return output
+class TreeFlashAttentionImpl(TreeRowsAttention, FlashAttentionImpl):
+    """vLLM's FlashAttention, plus ancestor-masked rows for draft trees."""
 
 
 class TreeFlashAttentionBackend(FlashAttentionBackend):

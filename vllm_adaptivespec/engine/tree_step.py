@@ -3,8 +3,9 @@ KV compaction and row order after verification.
 
 vLLM schedules a request's flattened tree as if it were a chain: query rows [root, node 0, ...],
 KV slots by row. Before the target forward (``begin``) the rows of real trees get positions
-``context + depth`` and an ancestor-mask attention plan. After the sampler has picked each
-request's accepted path c_1..c_a (``finish``), everything downstream expects a chain again:
+``context + depth`` and an ancestor-mask attention plan (``plan``, which the runner puts on the
+forward's attention metadata). After the sampler has picked each request's accepted path c_1..c_a
+(``finish``), everything downstream expects a chain again:
 
 * KV: node c_d's keys/values move from its row's slot to the slot of position context + d (copies
   in increasing d are safe: c_d >= d - 1, so a destination is never a later source). The
@@ -23,7 +24,6 @@ from vllm_adaptivespec.engine.tree_attention import (
     paged_kv,
     query_positions,
     query_tree_mask,
-    set_verification_plan,
 )
 from vllm_adaptivespec.tree import DraftTrees
 
@@ -48,10 +48,10 @@ class TreeStep:
         self.num_tokens = int(scheduler_output.total_num_scheduled_tokens)
 
     def begin(self, runner) -> None:
-        """Depth positions and the attention plan for the rows that hold real trees."""
+        """Depth positions and the attention plan for the rows that hold real trees (``plan``: the
+        runner hands it to the target forward's attention metadata)."""
         self.plan = None
         if not self.tree_rows:
-            set_verification_plan(None)
             return
         rows = torch.tensor(self.tree_rows)
         positions = query_positions(self.trees, self.context_len)
@@ -67,11 +67,9 @@ class TreeStep:
             num_tokens=self.num_tokens,
             device=runner.positions.device,
         )
-        set_verification_plan(self.plan)
 
     def finish(self, runner, accepted_nodes: torch.Tensor | None, step_outputs) -> None:
         """After verification: chain order for the accepted paths (KV, ids, positions, hidden states)."""
-        set_verification_plan(None)
         if not self.tree_rows:
             return
         if not self.plan.used:

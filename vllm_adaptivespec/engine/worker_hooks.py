@@ -1,24 +1,28 @@
-"""Hooks on vLLM's V1 model runner (worker process): drafter swap, tree scheduling, margin
-verification, KV compaction, cleanup.
+"""Hooks on vLLM's V1 model runner (worker process): drafter and rejection-sampler swap, tree
+scheduling, margin verification, KV compaction, cleanup.
 
-All hooks are no-ops for a runner whose config has no `adaptivespec` settings.
+All hooks are no-ops for a runner whose config has no `adaptivespec` settings. What a step needs
+travels on objects the runner holds: its `AdaptiveState` (``runner.adaptivespec``, also held by the
+drafter and the rejection sampler), the step's `TreeStep` on it, whose attention plan goes to the
+target forward on that forward's attention metadata.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
-from vllm.v1.sample import rejection_sampler as vllm_rejection
 from vllm.v1.worker import gpu_model_runner as gmr
 
-from vllm_adaptivespec.engine import sampler
-from vllm_adaptivespec.engine.patching import ScopedSwap, register_attention_backend, replace, wrap
+from vllm_adaptivespec.engine.patching import BackendOverride, ScopedSwap, VllmPatch
 from vllm_adaptivespec.engine.proposer import AdaptiveDraftModelProposer, AdaptiveEagleProposer
+from vllm_adaptivespec.engine.sampler import MarginRejectionSampler
 from vllm_adaptivespec.engine.settings import debug_settings, settings_for
 from vllm_adaptivespec.engine.state import AdaptiveState
+from vllm_adaptivespec.engine.tree_attention import attach_verification_plan
 from vllm_adaptivespec.engine.tree_step import TreeStep
 
 
@@ -34,34 +38,53 @@ def _state(runner) -> AdaptiveState | None:
     return getattr(runner, "adaptivespec", None)
 
 
-def install() -> None:
-    runner_cls = gmr.GPUModelRunner
-    # The runner builds its drafter from these module globals: ours only while an AdaptiveSpec runner does.
-    proposer_swaps = [
-        ScopedSwap(gmr, "DraftModelProposer", AdaptiveDraftModelProposer, "AdaptiveSpec draft-model drafter"),
-        ScopedSwap(gmr, "EagleProposer", AdaptiveEagleProposer, "AdaptiveSpec EAGLE drafter"),
-    ]
+# The runner builds its drafter and rejection sampler from these module globals: ours only while an
+# AdaptiveSpec runner does.
+RUNNER_CLASS_SWAPS = (
+    ScopedSwap(gmr, "DraftModelProposer", "AdaptiveSpec draft-model drafter", AdaptiveDraftModelProposer),
+    ScopedSwap(gmr, "EagleProposer", "AdaptiveSpec EAGLE drafter", AdaptiveEagleProposer),
+    ScopedSwap(gmr, "RejectionSampler", "AdaptiveSpec margin verification", MarginRejectionSampler),
+)
 
-    @wrap(runner_cls, "__init__", "build AdaptiveSpec drafters and per-request state")
-    def __init__(original, self, vllm_config, *args, **kwargs):
+# vLLM's attention backends that AdaptiveSpec's tree attention extends (by class path: the CUDA one
+# imports flash-attn).
+TREE_ATTENTION_BACKENDS = tuple(
+    BackendOverride(
+        backend,
+        f"vllm_adaptivespec.engine.{path}",
+        "ancestor-mask attention for draft-tree rows (stock kernel for every other row)",
+    )
+    for backend, path in (
+        (AttentionBackendEnum.CPU_ATTN, "tree_attention.TreeCPUAttentionBackend"),
+        (AttentionBackendEnum.FLASH_ATTN, "tree_attention_cuda.TreeFlashAttentionBackend"),
+    )
+)
+
+
+class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
+    def __init__(self, vllm_config, *args, **kwargs):
+        """build AdaptiveSpec drafters, rejection sampler and per-request state"""
         config = settings_for(vllm_config)
         if config is None:
-            return original(self, vllm_config, *args, **kwargs)
-        with proposer_swaps[0].applied(), proposer_swaps[1].applied():
-            original(self, vllm_config, *args, **kwargs)
+            return GPUModelRunnerPatch.stock.__init__(self, vllm_config, *args, **kwargs)
+        with ExitStack() as swaps:
+            for swap in RUNNER_CLASS_SWAPS:
+                swaps.enter_context(swap.applied())
+            GPUModelRunnerPatch.stock.__init__(self, vllm_config, *args, **kwargs)
         debug = debug_settings(vllm_config)
         self.adaptivespec = AdaptiveState(
             config, self, debug.get("random_shapes"), debug.get("random_off"), debug.get("record_steps", 0)
         )
         self.drafter.adaptive_state = self.adaptivespec
+        self.rejection_sampler.adaptive_state = self.adaptivespec
 
-    @wrap(runner_cls, "_prepare_inputs", "lay out draft trees: depth positions, ancestor-mask attention plan")
-    def _prepare_inputs(original, self, scheduler_output, *args, **kwargs):
+    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
+        """lay out draft trees: depth positions, ancestor-mask attention plan"""
         state = _state(self)
         if state is not None:
             state.begin_step()
             state.forward_started = time.perf_counter()
-        result = original(self, scheduler_output, *args, **kwargs)
+        result = GPUModelRunnerPatch.stock._prepare_inputs(self, scheduler_output, *args, **kwargs)
         if state is not None:
             state.tree_step = None
             if state.config.mode == "tree" and scheduler_output.scheduled_spec_decode_tokens:
@@ -71,36 +94,42 @@ def install() -> None:
                 state.charge(started)
         return result
 
-    @wrap(runner_cls, "_sample", "verify drafts with the margin rule, feed back to the policies")
-    def _sample(original, self, logits, spec_decode_metadata, *args, **kwargs):
+    def _build_attention_metadata(self, *args, **kwargs):
+        """hand the step's draft-tree attention plan to the target forward on its attention metadata"""
+        attn_metadata, spec_decode_common = GPUModelRunnerPatch.stock._build_attention_metadata(self, *args, **kwargs)
+        state = _state(self)
+        step = state.tree_step if state is not None else None
+        if step is not None and step.plan is not None:
+            attach_verification_plan(attn_metadata, step.plan)
+        return attn_metadata, spec_decode_common
+
+    def _sample(self, logits, spec_decode_metadata, *args, **kwargs):
+        """verify drafts with the margin rule, feed back to the policies"""
         state = _state(self)
         if state is None or spec_decode_metadata is None:
             if state is not None:
                 state.record_plain_step(self.input_batch.num_reqs)
-            return original(self, logits, spec_decode_metadata, *args, **kwargs)
+            return GPUModelRunnerPatch.stock._sample(self, logits, spec_decode_metadata, *args, **kwargs)
         step, state.tree_step = state.tree_step, None
         trees = step.trees if step is not None else None
+        # The runner's MarginRejectionSampler reads the batch's Verification off the state it holds.
         with state.verifying(spec_decode_metadata.num_draft_tokens, trees) as verification:
-            sampler.set_active(verification)
-            try:
-                output = original(self, logits, spec_decode_metadata, *args, **kwargs)
-            finally:
-                sampler.set_active(None)
+            output = GPUModelRunnerPatch.stock._sample(self, logits, spec_decode_metadata, *args, **kwargs)
             if step is not None:
                 started = time.perf_counter()
                 step.finish(self, verification.accepted_nodes, state.step_outputs)
                 state.charge(started)
             return output
 
-    @wrap(runner_cls, "_update_states", "free the policies of finished and aborted requests")
-    def _update_states(original, self, scheduler_output, *args, **kwargs):
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        """free the policies of finished and aborted requests"""
         state = _state(self)
         if state is not None:
             state.free(scheduler_output.finished_req_ids)
-        return original(self, scheduler_output, *args, **kwargs)
+        return GPUModelRunnerPatch.stock._update_states(self, scheduler_output, *args, **kwargs)
 
-    @wrap(runner_cls, "sample_tokens", "keep the forward's hidden states for tree reordering; ship step stats")
-    def sample_tokens(original, self, *args, **kwargs):
+    def sample_tokens(self, *args, **kwargs):
+        """keep the forward's hidden states for tree reordering; ship step stats"""
         state = _state(self)
         executed = self.execute_model_state
         if state is not None and executed is not None:
@@ -113,24 +142,7 @@ def install() -> None:
             state.step_outputs = StepOutputs(
                 [executed.hidden_states, *(executed.aux_hidden_states or [])], executed.slot_mappings
             )
-        output = original(self, *args, **kwargs)
+        output = GPUModelRunnerPatch.stock.sample_tokens(self, *args, **kwargs)
         if state is not None and isinstance(output, gmr.ModelRunnerOutput):
             output.adaptivespec = state.take_step_stats()
         return output
-
-    register_attention_backend(
-        AttentionBackendEnum.CPU_ATTN,
-        "vllm_adaptivespec.engine.tree_attention.TreeCPUAttentionBackend",
-        "ancestor-mask attention for draft-tree rows (stock kernel for every other row)",
-    )
-    register_attention_backend(
-        AttentionBackendEnum.FLASH_ATTN,
-        "vllm_adaptivespec.engine.tree_attention_cuda.TreeFlashAttentionBackend",
-        "ancestor-mask attention for draft-tree rows (stock kernel for every other row)",
-    )
-    replace(
-        vllm_rejection,
-        "rejection_sample",
-        sampler.margin_rejection_sample,
-        "margin-rule verification while an AdaptiveSpec runner verifies; stock otherwise",
-    )
