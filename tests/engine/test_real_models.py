@@ -25,6 +25,23 @@ def _spec(pair, prompts, adaptivespec=None, debug=None):
     return {"engine": engine, "prompts": prompts, "max_tokens": 96, "batch_sizes": [1, 4]}
 
 
+def test_smollm2_drafter_catches_up_in_chunks_when_its_backlog_overflows(smollm2, smollm2_prompts):
+    # 48 batched tokens: the drafter's buffers hold 48 rows, so four prompts skipped at prefill (random
+    # off-steps) cannot all be caught up in one pass; the backlog goes in chunks, the requests left behind
+    # draft nothing meanwhile. Output stays plain greedy, and once caught up the drafts are as good.
+    pinned = {"tau": 1.0, "min_depth": 2, "max_depth": 2}
+    runs = []
+    for settings, debug in ((None, None), (pinned, None), (pinned, {"random_off": 3})):
+        spec = _spec(smollm2, smollm2_prompts, adaptivespec=settings, debug=debug)
+        spec["engine"]["max_num_batched_tokens"] = 48
+        runs.append(run_engine({**spec, "batch_sizes": [4]}))
+    plain, always, chunked = runs
+    for run in (always, chunked):
+        assert run["outputs"]["4"] == plain["outputs"]["4"]
+    assert chunked["metrics"]["vllm:adaptivespec_draft_depth"]["buckets"]["0.0"] > 0
+    assert _accepted_per_draft_token(chunked["metrics"]) >= 0.9 * _accepted_per_draft_token(always["metrics"])
+
+
 def _accepted_per_draft_token(metrics) -> float:
     return metrics["vllm:spec_decode_num_accepted_tokens"] / metrics["vllm:spec_decode_num_draft_tokens"]
 

@@ -80,6 +80,9 @@ def test_the_drafter_lags_from_position_0_for_a_request_it_never_ran_for():
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
     state.drafter_next["r0"] = 30
     assert state.drafter_lag([40, 25]) == [10, 25]
-    state.behind = {"r1"}
+    state.behind = {"r1": None}  # nothing of r1's backlog was caught up
     state.drafter_caught_up([41, 26])
-    assert state.drafter_next == {"r0": 42} and state.behind == set()
+    assert state.drafter_next == {"r0": 42} and state.behind == {}
+    state.behind = {"r1": 12}  # a chunk of it was: positions 0..11
+    state.drafter_caught_up([42, 12])
+    assert state.drafter_next == {"r0": 43, "r1": 12}

@@ -103,63 +103,85 @@ class AdaptiveProposerMixin:
         self._first_pass_seconds = time.perf_counter() - self._propose_started
 
     def _catch_up(self, attn, token_ids, positions, hidden_states):
-        """Prepend to each request's first-pass rows the tokens whose drafter KV is missing
+        """Put before each request's first-pass rows the tokens whose drafter KV is missing
         (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, and the prompt of a request
         the drafter has not run for yet): their ids come from the request's token history, their slots
-        from its block table. Requests are caught up whole, fewest missing tokens first, as long as the
-        drafter's buffers hold them; the rest are left ``behind`` (no draft this step, their hole kept for
-        a later pass). Returns the inputs unchanged when nothing is missing."""
+        from its block table. Requests are caught up fewest missing tokens first while the drafter's
+        buffers hold them. The first request that does not fit whole gets the room that is left as a
+        chunk of its backlog in place of its own rows (a chunked prefill of the drafter: its next chunk
+        at a later pass); it and the requests after it are left ``behind``, with no draft this step.
+        Returns the inputs unchanged when nothing is missing."""
         start = attn.query_start_loc_cpu.long()
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
-        first = attn.seq_lens[:batch].cpu().long() - length  # [B] position of each request's first row
+        seq_lens = attn.seq_lens[:batch].cpu().long()
+        first = seq_lens - length  # [B] position of each request's first row
         lag = torch.tensor(self.adaptive_state.drafter_lag(first.tolist()), dtype=torch.long)  # [B]
         total = int(start[-1])
         room = self.input_ids.shape[0] - total - batch  # rows the buffers hold beyond this pass's own
-        # Worked example: lag [0, 700, 30], room 500 -> fewest first: 0, 30 fit (30 <= 500), 700 does not.
+        # Worked example: lag [0, 700, 30, 90], length [2, 1, 3, 1], room 300 -> fewest first: rows 0, 2
+        # and 3 fit whole (30 + 90 <= 300); row 1 gets the 300 - 120 + 1 = 181 rows left (its own row
+        # freed one) as positions first[1] - 700 ... first[1] - 520 in place of its own row, and stays behind.
         order = torch.argsort(lag, stable=True)
-        fits = torch.zeros(batch, dtype=torch.bool)
-        fits[order] = torch.cumsum(lag[order], 0) <= room
-        behind = (lag > 0) & ~fits
+        before = torch.cumsum(lag[order], 0) - lag[order]  # [B] backlog of the requests caught up earlier
+        whole = torch.zeros(batch, dtype=torch.bool)
+        whole[order] = before + lag[order] <= room
+        behind = ~whole
+        chunk = torch.zeros(batch, dtype=torch.long)  # [B] backlog rows replacing a behind request's own
         if behind.any():
+            row = int(order[int(whole[order].sum())])  # the first request in that order that does not fit
+            chunk[row] = max(0, min(int(lag[row]), room - int(lag[whole].sum()) + int(length[row])))
             req_ids = self.adaptive_state.request_ids()
-            self.adaptive_state.behind = {req_ids[row] for row in behind.nonzero()[:, 0].tolist()}
-        lag = torch.where(fits, lag, 0)
-        extra = int(lag.sum())
-        if extra == 0:
+            self.adaptive_state.behind = {req_ids[r]: None for r in behind.nonzero()[:, 0].tolist()}
+            if chunk[row] > 0:  # its drafter KV is whole up to the chunk's end
+                self.adaptive_state.behind[req_ids[row]] = int(first[row] - lag[row] + chunk[row])
+        caught_rows = torch.where(whole, lag, chunk)  # [B] backlog rows each request gets this pass
+        own = torch.where(chunk > 0, 0, length)  # [B] own rows kept (a chunk replaces them)
+        if int(caught_rows.sum()) == 0:
             return attn, token_ids, positions, hidden_states
         device = token_ids.device
+        new_length = caught_rows + own
         new_start = torch.zeros_like(attn.query_start_loc_cpu)
-        new_start[1:] = torch.cumsum(length + lag, 0)
-        # Old row r of request i goes to new_start[i] + lag[i] + (r - start[i]); caught-up row j of
+        new_start[1:] = torch.cumsum(new_length, 0)
+        num_rows = int(new_start[-1])
+        # Kept row r of request i goes to new_start[i] + caught_rows[i] + (r - start[i]); backlog row j of
         # request i (position first[i] - lag[i] + j) goes to new_start[i] + j.
-        kept = torch.repeat_interleave(new_start[:-1].long() + lag - start[:-1], length) + torch.arange(total)
-        request = torch.repeat_interleave(torch.arange(batch), lag)  # [extra]
-        offset = torch.arange(extra) - torch.repeat_interleave(torch.cumsum(lag, 0) - lag, lag)
+        kept_from = torch.repeat_interleave(start[:-1], own) + _ranks(own)  # [kept] old row index
+        kept = torch.repeat_interleave(new_start[:-1].long() + caught_rows, own) + _ranks(own)
+        request = torch.repeat_interleave(torch.arange(batch), caught_rows)  # [extra]
+        offset = _ranks(caught_rows)
         position = first[request] - lag[request] + offset
         caught = new_start[:-1].long()[request] + offset
         history = self.adaptive_state.token_history(request.tolist(), position.tolist())
-        kept_d, caught_d, request_d, position_d = (t.to(device) for t in (kept, caught, request, position))
+        kept_from_d, kept_d, caught_d, request_d, position_d = (
+            t.to(device) for t in (kept_from, kept, caught, request, position)
+        )
 
-        new_ids = token_ids.new_empty(total + extra)
-        new_ids[kept_d] = token_ids[:total]
+        new_ids = token_ids.new_empty(num_rows)
+        new_ids[kept_d] = token_ids[kept_from_d]
         new_ids[caught_d] = history.to(device=device, dtype=token_ids.dtype)
-        new_positions = positions.new_empty(total + extra)
-        new_positions[kept_d] = positions[:total]
+        new_positions = positions.new_empty(num_rows)
+        new_positions[kept_d] = positions[kept_from_d]
         new_positions[caught_d] = position_d.to(positions.dtype)
-        new_hidden = hidden_states.new_zeros(total + extra, hidden_states.shape[-1])  # unused by draft models
-        new_hidden[kept_d] = hidden_states[:total]
+        new_hidden = hidden_states.new_zeros(num_rows, hidden_states.shape[-1])  # unused by draft models
+        new_hidden[kept_d] = hidden_states[kept_from_d]
         block_size = self.block_size
         blocks = attn.block_table_tensor[request_d, position_d // block_size].long()
-        new_slots = attn.slot_mapping.new_empty(total + extra)
-        new_slots[kept_d] = attn.slot_mapping[:total]
+        new_slots = attn.slot_mapping.new_empty(num_rows)
+        new_slots[kept_d] = attn.slot_mapping[kept_from_d]
         new_slots[caught_d] = (blocks * block_size + position_d % block_size).to(new_slots.dtype)
+        # A chunked request's sequence ends where its chunk does.
+        shortened = torch.where(chunk > 0, first - lag + chunk, seq_lens) - seq_lens  # [B] <= 0
         caught_up = dataclasses.replace(
             attn,
             query_start_loc=new_start.to(device),
             query_start_loc_cpu=new_start,
-            num_actual_tokens=total + extra,
-            max_query_len=int((length + lag).max()),
+            seq_lens=attn.seq_lens + shortened.to(device=device, dtype=attn.seq_lens.dtype),
+            seq_lens_cpu_upper_bound=None
+            if attn.seq_lens_cpu_upper_bound is None
+            else attn.seq_lens_cpu_upper_bound + shortened.to(attn.seq_lens_cpu_upper_bound.dtype),
+            num_actual_tokens=num_rows,
+            max_query_len=int(new_length.max()),
             slot_mapping=new_slots,
             positions=None if attn.positions is None else new_positions,
             _num_computed_tokens_cache=None,
@@ -341,6 +363,11 @@ def top_candidates(
     top = logits.topk(width, dim=-1)
     logprobs = top.values - log_norm
     return top.indices, logprobs, logprobs[:, 0].exp()
+
+
+def _ranks(counts: torch.Tensor) -> torch.Tensor:
+    """[sum(counts)] 0, 1, ..., counts[i] - 1 for each i in turn (counts [n], long)."""
+    return torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
 
 
 def confidence_of(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

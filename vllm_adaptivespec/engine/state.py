@@ -100,7 +100,9 @@ class AdaptiveState:
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
         self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (absent: 0)
-        self.behind: set[str] = set()  # requests whose drafter KV could not be caught up this pass: no draft
+        # Requests whose drafter KV could not be caught up whole this pass (no draft for them), each with where
+        # its KV now ends if a chunk of its backlog was caught up (None: nothing was).
+        self.behind: dict[str, int | None] = {}
         self.idle: dict[str, int] = {}  # steps in a row each request went without a draft
         self.off_streak = 0  # steps in a row that ran no drafter pass
         self._off_batch: list[str] | None = None  # the batch those steps ran (re-planned when it changes)
@@ -248,11 +250,13 @@ class AdaptiveState:
 
     def drafter_caught_up(self, seq_lens: list[int]) -> None:
         """The drafter's first pass covered every row up to ``seq_lens`` and the next token after it, except
-        the rows left ``behind`` (their hole stays, to be caught up at a later pass)."""
+        the rows left ``behind``: their hole stays, less the chunk of it caught up, for a later pass."""
         for rid, seq in zip(self.request_ids(), seq_lens):
             if rid not in self.behind:
                 self.drafter_next[rid] = seq + 1
-        self.behind = set()
+            elif self.behind[rid] is not None:
+                self.drafter_next[rid] = self.behind[rid]
+        self.behind = {}
 
     def begin_step(self) -> None:
         """A new engine step starts: the last one's wall-clock, minus its target forward and drafter
@@ -377,5 +381,5 @@ class AdaptiveState:
             self.drafts.pop(rid, None)
             self.confidence.pop(rid, None)
             self.drafter_next.pop(rid, None)
-            self.behind.discard(rid)
+            self.behind.pop(rid, None)
             self.idle.pop(rid, None)
