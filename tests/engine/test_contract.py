@@ -37,14 +37,24 @@ def test_installed_vllm_is_the_pinned_version():
 
 
 def test_plugin_patches_exactly_the_contract():
-    from vllm_adaptivespec.engine import plugin
+    """Also: the API-server patches wait until vLLM imports the OpenAI handlers (other processes never
+    import them), then apply when they are imported."""
+    import sys
+
+    from vllm_adaptivespec.engine import frontend_hooks, plugin
     from vllm_adaptivespec.engine.patching import applied_patches
 
     from vllm.platforms import current_platform
 
     plugin.register()
     expected = CONTRACT["patched"] + (CONTRACT["patched_on_cpu"] if current_platform.is_cpu() else [])
-    assert sorted(f"{p.owner}.{p.name}" for p in applied_patches()) == sorted(expected)
+    handlers = {f"{cls}.{method}": module for module, cls, method in frontend_hooks.OPENAI_HANDLERS}
+    assert sorted(handlers) == sorted(CONTRACT["patched_in_api_server"])
+    imported = [name for name, module in handlers.items() if module in sys.modules]
+    assert sorted(f"{p.owner}.{p.name}" for p in applied_patches()) == sorted(expected + imported)
+    for module in handlers.values():
+        importlib.import_module(module)
+    assert sorted(f"{p.owner}.{p.name}" for p in applied_patches()) == sorted(expected + list(handlers))
 
 
 def test_every_declared_patch_is_applied():

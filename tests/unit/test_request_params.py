@@ -7,7 +7,7 @@ import math
 import pytest
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
-from vllm_adaptivespec.engine.request_params import request_tau
+from vllm_adaptivespec.engine.request_params import RequestParamError, request_tau
 
 CONFIG = AdaptiveSpecConfig(tau=0.5, min_request_tau=0.2)
 
@@ -34,5 +34,6 @@ def test_accepted_values(args, tau):
     ids=str,
 )
 def test_bad_values_and_misspelled_keys_are_refused_naming_the_field(args, named):
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(RequestParamError, match=named) as err:
         request_tau(args, CONFIG)
+    assert err.value.key == named and isinstance(err.value, ValueError)

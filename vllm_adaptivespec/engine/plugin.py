@@ -48,6 +48,8 @@ def register() -> None:
     frontend_hooks.V1_RUNNER.apply_patch()
     frontend_hooks.EngineArgsPatch.apply_patch()
     frontend_hooks.InputProcessorPatch.apply_patch()
+    # API server only (when it imports the OpenAI handlers): the same check before a stream starts.
+    frontend_hooks.OPENAI_ADMISSION.apply_patch()
     # Engine core: worker step stats into the step's SpecDecodingStats.
     core_hooks.SchedulerPatch.apply_patch()
     # Worker: our drafters and rejection sampler in an AdaptiveSpec runner, and the runner hooks.
