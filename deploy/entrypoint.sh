@@ -14,7 +14,7 @@
 #   ADAPTIVESPEC_MAX_DEPTH  maximum draft tree depth, a positive integer
 #   ADAPTIVESPEC_CONFIG     raw JSON object of AdaptiveSpec settings; TAU/MAX_DEPTH above override its keys
 #   HOST, PORT              listen address; default 0.0.0.0:8000
-#   SERVED_MODEL_NAME       the name clients send as `model`
+#   SERVED_MODEL_NAME       the name clients send as `model` (with MODEL_PAIR alone: the pair's name, or the path)
 #   MAX_MODEL_LEN           context length limit
 #   ADAPTIVESPEC_DRY_RUN=1  print the command (shell-quoted) instead of running it
 # Arguments given to the container are appended unchanged (any other `vllm serve` flag).
@@ -31,6 +31,8 @@ export VLLM_USE_V2_MODEL_RUNNER="${VLLM_USE_V2_MODEL_RUNNER:-0}"  # AdaptiveSpec
 
 if [ -n "${MODEL_PAIR:-}" ]; then
   if [ "${ADAPTIVESPEC_PREPARE:-0}" = 1 ]; then adaptivespec models prepare --pair "$MODEL_PAIR" >&2; fi
+  # Clients ask for the pair by its name (the resolved path answers too), unless a name or model is set.
+  [ -n "${MODEL:-}" ] || [ -n "${SERVED_MODEL_NAME:-}" ] || PAIR_NAME="$MODEL_PAIR"
   MODEL="${MODEL:-$(adaptivespec models path --pair "$MODEL_PAIR" --role target)}" \
     || die "MODEL_PAIR=$MODEL_PAIR: cannot resolve the target (see above; ADAPTIVESPEC_PREPARE=1 builds the pair)"
   DRAFT_MODEL="${DRAFT_MODEL:-$(adaptivespec models path --pair "$MODEL_PAIR" --role drafter)}" \
@@ -65,6 +67,7 @@ else
 fi
 cmd+=(--model "$MODEL" --host "${HOST:-0.0.0.0}" --port "${PORT:-8000}")
 [ -z "${SERVED_MODEL_NAME:-}" ] || cmd+=(--served-model-name "$SERVED_MODEL_NAME")
+[ -z "${PAIR_NAME:-}" ] || cmd+=(--served-model-name "$PAIR_NAME" "$MODEL")
 [ -z "${MAX_MODEL_LEN:-}" ] || cmd+=(--max-model-len "$MAX_MODEL_LEN")
 
 if [ -n "${DRAFT_MODEL:-}" ]; then

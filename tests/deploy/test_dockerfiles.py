@@ -168,6 +168,11 @@ def test_entrypoint_resolves_a_prepared_pair(tmp_path):
     argv = _command({"MODEL_PAIR": "qwen-coder"}, path_prefix=tmp_path)
     assert _flag(argv, "--model") == "/cache/target"
     assert json.loads(_flag(argv, "--speculative-config"))["model"] == "/cache/drafter"
+    # Clients ask for the pair by name, or by the path as before.
+    names = argv[argv.index("--served-model-name") + 1 :][:2]
+    assert names == ["qwen-coder", "/cache/target"]
+    named = _command({"MODEL_PAIR": "qwen-coder", "SERVED_MODEL_NAME": "coder"}, path_prefix=tmp_path)
+    assert argv.count("--served-model-name") == 1 and _flag(named, "--served-model-name") == "coder"
     # An explicit MODEL wins over the pair.
     assert _flag(_command({"MODEL_PAIR": "qwen-coder", "MODEL": "/other"}, path_prefix=tmp_path), "--model") == "/other"
     # A pair the store cannot resolve stops the container.
