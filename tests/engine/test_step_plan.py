@@ -76,13 +76,14 @@ def test_a_new_request_starts_from_the_pooled_acceptance():
     assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
 
 
-def test_the_drafter_lags_from_position_0_for_a_request_it_never_ran_for():
+def test_the_drafter_lags_from_where_it_first_saw_a_request():
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
-    state.drafter_next["r0"] = 30
+    state.drafter_seen([30, 0])  # r0 came with 30 prefix-cached tokens, r1 with none
+    state.drafter_seen([38, 20])  # seen again later: nothing changes
     assert state.drafter_lag([40, 25]) == [10, 25]
     state.behind = {"r1": None}  # nothing of r1's backlog was caught up
     state.drafter_caught_up([41, 26])
-    assert state.drafter_next == {"r0": 42} and state.behind == {}
+    assert state.drafter_next == {"r0": 42, "r1": 0} and state.behind == {}
     state.behind = {"r1": 12}  # a chunk of it was: positions 0..11
     state.drafter_caught_up([42, 12])
     assert state.drafter_next == {"r0": 43, "r1": 12}

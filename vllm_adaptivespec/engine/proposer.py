@@ -72,6 +72,7 @@ class AdaptiveProposerMixin:
         # A draft model can skip a step (no pass at all) and catch up at its next pass; an EAGLE head
         # would need the target's hidden states of the skipped tokens, so it always runs its first pass.
         can_skip = self.method == "draft_model"
+        state.drafter_seen(_first_positions(common_attn_metadata).tolist())
         if can_skip and state.drafter_off():
             self._last_draft_probs = None
             state.charge(started)
@@ -104,8 +105,8 @@ class AdaptiveProposerMixin:
 
     def _catch_up(self, attn, token_ids, positions, hidden_states):
         """Put before each request's first-pass rows the tokens whose drafter KV is missing
-        (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, and the prompt of a request
-        the drafter has not run for yet): their ids come from the request's token history, their slots
+        (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, a skipped prefill
+        included): their ids come from the request's token history, their slots
         from its block table. Requests are caught up fewest missing tokens first while the drafter's
         buffers hold them. The first request that does not fit whole gets the room that is left as a
         chunk of its backlog in place of its own rows (a chunked prefill of the drafter: its next chunk
@@ -115,7 +116,7 @@ class AdaptiveProposerMixin:
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
         seq_lens = attn.seq_lens[:batch].cpu().long()
-        first = seq_lens - length  # [B] position of each request's first row
+        first = _first_positions(attn)  # [B] position of each request's first row
         lag = torch.tensor(self.adaptive_state.drafter_lag(first.tolist()), dtype=torch.long)  # [B]
         total = int(start[-1])
         room = self.input_ids.shape[0] - total - batch  # rows the buffers hold beyond this pass's own
@@ -363,6 +364,13 @@ def top_candidates(
     top = logits.topk(width, dim=-1)
     logprobs = top.values - log_norm
     return top.indices, logprobs, logprobs[:, 0].exp()
+
+
+def _first_positions(attn) -> torch.Tensor:
+    """[B] position of each request's first query row (its sequence length less its query rows)."""
+    start = attn.query_start_loc_cpu.long()
+    batch = start.shape[0] - 1
+    return attn.seq_lens[:batch].cpu().long() - (start[1:] - start[:-1])
 
 
 def _ranks(counts: torch.Tensor) -> torch.Tensor:

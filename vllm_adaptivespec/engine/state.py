@@ -23,10 +23,10 @@ from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
 from vllm_adaptivespec.step_cost import ConfidenceCalibration, PooledAcceptance, StepCosts, could_pay, plan_depths
+from vllm_adaptivespec.tree import DraftTrees
 
 # A probe that ends in "off" doubles the steps until the next one, up to probe_every * PROBE_BACKOFF.
 PROBE_BACKOFF = 16
-from vllm_adaptivespec.tree import DraftTrees
 
 
 @dataclass
@@ -99,7 +99,7 @@ class AdaptiveState:
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
-        self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (absent: 0)
+        self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (``drafter_seen``)
         # Requests whose drafter KV could not be caught up whole this pass (no draft for them), each with where
         # its KV now ends if a chunk of its backlog was caught up (None: nothing was).
         self.behind: dict[str, int | None] = {}
@@ -239,10 +239,17 @@ class AdaptiveState:
             self.step.add_depths([0] * len(req_ids))
         return off
 
+    def drafter_seen(self, first_positions: list[int]) -> None:
+        """The batch rows' first query positions this step, before the drafter runs or is skipped. A request
+        seen for the first time has the drafter KV vLLM has for it: none past its first query token (what
+        came before was prefix-cached, KV of the drafter included, as stock vLLM assumes), so a skipped
+        prefill is a backlog from there."""
+        for rid, first in zip(self.request_ids(), first_positions):
+            self.drafter_next.setdefault(rid, first)
+
     def drafter_lag(self, first_positions: list[int]) -> list[int]:
-        """Per batch row: positions before the row's first query token the drafter has no KV for (all of
-        them, from 0, for a request the drafter has never run for)."""
-        return [max(0, first - self.drafter_next.get(rid, 0)) for rid, first in zip(self.request_ids(), first_positions)]
+        """Per batch row: positions before the row's first query token the drafter has no KV for."""
+        return [max(0, first - self.drafter_next[rid]) for rid, first in zip(self.request_ids(), first_positions)]
 
     def token_history(self, rows: list[int], positions: list[int]) -> torch.Tensor:
         """[n] token ids of batch row ``rows[j]`` at ``positions[j]`` (prompt and output alike)."""
