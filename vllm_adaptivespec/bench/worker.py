@@ -162,7 +162,8 @@ def hindsight_figures(log: dict) -> dict | None:
 
     if log.get("mode") != "chain":
         return None
-    return hindsight(log["steps"], StepCosts.from_snapshot(log["costs"]), log["max_depth"])
+    figures = hindsight(log["steps"], StepCosts.from_snapshot(log["costs"]), log["max_depth"])
+    return None if figures is None else {**figures, "costs": log["costs"]}  # the fitted model, for reading
 
 
 def _ms(seconds: float | None) -> float | None:
