@@ -40,6 +40,9 @@ def plain(smollm2, smollm2_prompts):
     "debug", [None, {"random_shapes": 3, "random_off": 5}], ids=["policy-shapes", "random-shapes-and-off-steps"]
 )
 def test_smollm2_lossless_drafts_equal_plain_greedy(smollm2, smollm2_prompts, plain, settings, debug):
+    # Drafting every step: on some machines the step plan rightly finds this drafter never pays and would
+    # verify nothing (speculation off is covered by the random off-steps and tests/engine/test_step_plan.py).
+    settings = {**settings, "allow_off": False}
     tree = run_engine(_spec(smollm2, smollm2_prompts, {"tau": 1.0, **settings}, debug), timeout=1800)
     for batch in ("1", "4"):
         for i, (want, got) in enumerate(zip(plain["outputs"][batch], tree["outputs"][batch])):
