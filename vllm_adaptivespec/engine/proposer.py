@@ -116,7 +116,7 @@ class AdaptiveProposerMixin:
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
         seq_lens = attn.seq_lens[:batch].cpu().long()
-        first = _first_positions(attn)  # [B] position of each request's first row
+        first = seq_lens - length  # [B] position of each request's first row
         lag = torch.tensor(self.adaptive_state.drafter_lag(first.tolist()), dtype=torch.long)  # [B]
         total = int(start[-1])
         room = self.input_ids.shape[0] - total - batch  # rows the buffers hold beyond this pass's own
