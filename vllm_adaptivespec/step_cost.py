@@ -3,12 +3,13 @@ verifies, priced by a step-cost model fitted online on the hardware at hand.
 
 Cost model (``StepCosts``), all three terms measured by the engine every step:
 
-    t_target(q)  target forward over q query tokens: a smoothed time per power-of-two bucket of q,
-                 linear in between, flat below the smallest bucket, proportional to q above the
-                 largest (compute bound there); needs two buckets
+    t_target(q)  target forward over q query tokens: per power-of-two bucket of q the median of its
+                 recent times, fitted non-decreasing across buckets (``BucketedTime``), linear in
+                 between, flat below the smallest bucket, proportional to q above the largest
+                 (compute bound there); needs two buckets
     t_pass(r)    one drafter pass over r rows, bucketed the same way (one bucket suffices: flat)
     t_fixed      the rest of a step (scheduling, sampling, output processing): the step's wall-clock
-                 minus its target forward and its drafter passes
+                 minus its target forward and its drafter passes, median of the recent steps
 
 A step with B requests, request i verifying d_i draft tokens (0 = no speculation for it), costs
 
@@ -51,17 +52,39 @@ import numpy as np
 MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
 
 
-def smoothed(old: float | None, new: float, smoothing: float) -> float:
-    """Exponential moving average step (the first observation is taken as is)."""
-    return new if old is None else old + smoothing * (new - old)
+def monotone_fit(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (isotonic regression,
+    pool adjacent violators): a run of values that decreases is replaced by its weighted mean.
+
+    Worked example: values [1.0, 3.0, 2.0, 4.0], weights [1, 1, 1, 1] -> [1.0, 2.5, 2.5, 4.0]."""
+    blocks: list[list[float]] = []  # [mean, weight, length] of each pooled run
+    for value, weight in zip(values, weights):
+        blocks.append([float(value), float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight, length = blocks.pop()
+            last = blocks[-1]
+            last[0] = (last[0] * last[1] + mean * weight) / (last[1] + weight)
+            last[1] += weight
+            last[2] += length
+    return [mean for mean, _, length in blocks for _ in range(int(length))]
 
 
 class BucketedTime:
-    """Seconds of an operation as a function of its size, smoothed per power-of-two bucket of size."""
+    """Seconds of an operation as a function of its size, fitted so that a noisy machine cannot make
+    more work look cheaper:
 
-    def __init__(self, smoothing: float = 0.2):
-        self.smoothing = smoothing
-        self._seconds: dict[int, float] = {}  # bucket -> smoothed seconds
+        m_b     median of the last ``window`` observations whose size falls in power-of-two bucket b
+                (sizes in (b/2, b]); a stall of the machine moves a median less than a mean
+        f_b     the non-decreasing fit of m_b over the measured buckets (``monotone_fit``, each bucket
+                weighted by its number of observations): a forward over more tokens never takes less
+                time, so a bucket measured slow among few samples is pooled with its neighbours
+        t(q)    f linear between buckets, flat below the smallest, proportional to q above the largest
+    """
+
+    def __init__(self, window: int = 32):
+        self.window = window
+        self._observed: dict[int, deque[float]] = {}  # bucket -> its last ``window`` seconds
+        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, f_b), None when stale
 
     @staticmethod
     def bucket(size: int) -> int:
@@ -71,35 +94,53 @@ class BucketedTime:
         if size < 1 or not seconds > 0:
             return
         key = self.bucket(size)
-        self._seconds[key] = smoothed(self._seconds.get(key), seconds, self.smoothing)
+        self._observed.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        self._fitted = None
 
     def points(self) -> int:
-        return len(self._seconds)
+        return len(self._observed)
+
+    def fitted(self) -> dict[int, float]:
+        """{bucket: f_b}."""
+        if self._fitted is None:
+            buckets = sorted(self._observed)
+            medians = [float(np.median(self._observed[b])) for b in buckets]
+            counts = [len(self._observed[b]) for b in buckets]
+            self._fitted = (np.array(buckets, dtype=np.float64), np.array(monotone_fit(medians, counts)))
+        xs, ys = self._fitted
+        return {int(x): float(y) for x, y in zip(xs, ys)}
 
     def seconds(self, size: int | np.ndarray, min_points: int = 2):
-        """Estimated seconds for ``size`` (an int or an array of them): linear between measured
-        buckets, flat below the smallest, proportional to size above the largest; None with fewer
-        than ``min_points`` buckets measured (one bucket: flat everywhere)."""
-        if len(self._seconds) < max(1, min_points):
+        """Estimated seconds for ``size`` (an int or an array of them), t(q) of the class docstring;
+        None with fewer than ``min_points`` buckets measured (one bucket: flat everywhere)."""
+        if len(self._observed) < max(1, min_points):
             return None
-        points = sorted(self._seconds.items())
-        xs = np.array([q for q, _ in points], dtype=np.float64)
-        ys = np.array([t for _, t in points], dtype=np.float64)
+        self.fitted()
+        xs, ys = self._fitted
         q = np.maximum(1.0, np.asarray(size, dtype=np.float64))
         out = np.interp(q, xs, ys)
-        if len(points) > 1:
+        if len(xs) > 1:
             out = np.where(q > xs[-1], ys[-1] * q / xs[-1], out)
         return float(out) if np.ndim(out) == 0 else out
 
 
 class StepCosts:
-    """The fitted step-cost model of the module docstring."""
+    """The fitted step-cost model of the module docstring (the fixed cost is the median of the last
+    ``window`` steps' remainders, as the buckets are)."""
 
-    def __init__(self, smoothing: float = 0.2, target: BucketedTime | None = None):
-        self.target = target if target is not None else BucketedTime(smoothing)  # by query tokens of the forward
-        self.draft_pass = BucketedTime(smoothing)  # by rows of the pass
-        self.fixed: float | None = None
-        self.smoothing = smoothing
+    def __init__(self, window: int = 32, target: BucketedTime | None = None):
+        self.target = target if target is not None else BucketedTime(window)  # by query tokens of the forward
+        self.draft_pass = BucketedTime(window)  # by rows of the pass
+        self._rests: deque[float] = deque(maxlen=window)
+
+    @property
+    def fixed(self) -> float | None:
+        return float(np.median(self._rests)) if self._rests else None
+
+    @fixed.setter
+    def fixed(self, seconds: float) -> None:
+        self._rests.clear()
+        self._rests.append(seconds)
 
     def observe_step(self, seconds: float, target_seconds: float, draft_seconds: float) -> None:
         """One whole step took ``seconds``, of which the target forward and the drafter passes took
@@ -108,18 +149,21 @@ class StepCosts:
         rest = seconds - target_seconds - draft_seconds
         if rest < 0 or seconds > 3.0 * (target_seconds + draft_seconds) + 0.05:
             return
-        self.fixed = smoothed(self.fixed, rest, self.smoothing)
+        self._rests.append(rest)
 
     def snapshot(self) -> dict:
         """The fitted model as plain numbers: {"target": {bucket: s}, "draft_pass": {bucket: s}, "fixed": s}."""
-        return {"target": dict(self.target._seconds), "draft_pass": dict(self.draft_pass._seconds), "fixed": self.fixed}
+        return {"target": self.target.fitted(), "draft_pass": self.draft_pass.fitted(), "fixed": self.fixed}
 
     @classmethod
     def from_snapshot(cls, snapshot: dict) -> StepCosts:
         costs = cls()
-        costs.target._seconds = {int(k): float(v) for k, v in snapshot["target"].items()}
-        costs.draft_pass._seconds = {int(k): float(v) for k, v in snapshot["draft_pass"].items()}
-        costs.fixed = snapshot["fixed"]
+        for key, seconds in snapshot["target"].items():
+            costs.target.observe(int(key), float(seconds))
+        for key, seconds in snapshot["draft_pass"].items():
+            costs.draft_pass.observe(int(key), float(seconds))
+        if snapshot["fixed"] is not None:
+            costs.fixed = snapshot["fixed"]
         return costs
 
     def ready(self) -> bool:

@@ -17,7 +17,7 @@ def _state(batch: int, per_token: float, base: float, draft: float, **settings) 
     and whose drafter pass costs ``draft``, all seconds, already measured."""
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[f"r{i}" for i in range(batch)]), requests={})
     state = AdaptiveState(AdaptiveSpecConfig(max_depth=4, **settings), runner)
-    costs = StepCosts(smoothing=1.0, target=state.cost)
+    costs = StepCosts(window=1, target=state.cost)
     for q in (1, 2, 4, 8, 16, 32, 64):
         costs.target.observe(q, base + per_token * q)
     costs.draft_pass.observe(batch, draft)

@@ -52,12 +52,13 @@ def test_bigger_batches_get_fewer_nodes_each():
     assert cost.node_cap(4, 0.8, 32) < cost.node_cap(1, 0.8, 32)
 
 
-def test_measurements_are_smoothed_per_bucket():
-    cost = VerifyCost(smoothing=0.5)
+def test_measurements_are_the_median_per_bucket():
+    cost = VerifyCost()
     cost.observe(5, 1.0)
     cost.observe(7, 2.0)  # same bucket (8)
+    cost.observe(6, 1.2)
     cost.observe(1, 1.0)
-    assert cost.seconds(8) == pytest.approx(1.5)
+    assert cost.seconds(8) == pytest.approx(1.2)
 
 
 def test_draft_cost_is_the_smoothed_ratio_of_a_pass_to_a_target_forward():

@@ -16,6 +16,7 @@ from vllm_adaptivespec.step_cost import (
     StepCosts,
     could_pay,
     hindsight,
+    monotone_fit,
     plan_depths,
 )
 
@@ -24,7 +25,7 @@ FAST = settings(max_examples=300, deadline=None, derandomize=True)
 
 def _costs(per_token: float, base: float, draft: float, fixed: float) -> StepCosts:
     """Target forward base + per_token * q, measured at q = 1, 2, 4, ..., 64; drafter pass ``draft``."""
-    costs = StepCosts(smoothing=1.0)
+    costs = StepCosts(window=1)
     for q in (1, 2, 4, 8, 16, 32, 64):
         costs.target.observe(q, base + per_token * q)
     costs.draft_pass.observe(1, draft)
@@ -146,7 +147,7 @@ def test_no_plan_until_measured():
 
 
 def test_bucketed_time_interpolates_and_extrapolates():
-    t = BucketedTime(smoothing=1.0)
+    t = BucketedTime(window=1)
     t.observe(4, 1.0)
     assert t.seconds(100) is None and t.seconds(100, min_points=1) == 1.0
     t.observe(16, 2.0)
@@ -155,8 +156,48 @@ def test_bucketed_time_interpolates_and_extrapolates():
     assert t.seconds(32) == pytest.approx(4.0)  # proportional above
 
 
+def _brute_force_monotone_fit(values, weights):
+    """The isotonic fit is constant on contiguous blocks, each at its weighted mean: try every split into
+    blocks whose means do not decrease and keep the one with the least weighted squared error."""
+    n, best = len(values), None
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
+        fit = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            w = sum(weights[lo:hi])
+            fit += [sum(v * x for v, x in zip(values[lo:hi], weights[lo:hi])) / w] * (hi - lo)
+        if any(a > b + 1e-12 for a, b in zip(fit, fit[1:])):
+            continue
+        error = sum(w * (v - f) ** 2 for v, w, f in zip(values, weights, fit))
+        if best is None or error < best[0] - 1e-12:
+            best = (error, fit)
+    return best[1]
+
+
+@FAST
+@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.integers(1, 5)), min_size=1, max_size=7))
+def test_monotone_fit_matches_brute_force(points):
+    values, weights = [v for v, _ in points], [w for _, w in points]
+    fit = monotone_fit(values, weights)
+    assert all(a <= b + 1e-9 for a, b in zip(fit, fit[1:]))
+    assert fit == pytest.approx(_brute_force_monotone_fit(values, weights), abs=1e-9)
+
+
+def test_bucketed_time_is_robust_to_stalls_and_never_cheaper_for_more_tokens():
+    t = BucketedTime(window=8)
+    for _ in range(8):
+        t.observe(8, 0.20)
+        t.observe(16, 0.21)
+    t.observe(8, 2.0)  # one stall of the machine
+    assert t.seconds(8) == pytest.approx(0.20)  # the median ignores it
+    for _ in range(8):
+        t.observe(8, 0.25)  # the 8-token bucket is re-measured slower than the 16-token one
+    assert t.seconds(8) == pytest.approx(t.seconds(16))  # pooled: 16 tokens do not look cheaper
+    assert t.seconds(12) == pytest.approx(t.seconds(8))
+
+
 def test_fixed_cost_ignores_idle_gaps():
-    costs = StepCosts(smoothing=1.0)
+    costs = StepCosts(window=1)
     costs.observe_step(1.2, 0.9, 0.2)
     assert costs.fixed == pytest.approx(0.1)
     costs.observe_step(30.0, 0.9, 0.2)  # the engine waited for requests

@@ -4,7 +4,8 @@ cap verification cost implies (``VerifyCost``) and the drafter's cost per pass (
 A target forward with q query tokens costs about as much as one with a single token while the
 hardware is memory bound, then grows (2 CPU cores, Qwen2.5-1.5B: 1.0x, 1.0x, 1.3x, 1.5x, 2.1x for
 q = 1, 4, 8, 16, 32). The runner times every target forward; times are kept per power-of-two bucket
-of q (exponential moving average) and interpolated linearly in between.
+of q (median of the recent ones, fitted non-decreasing: ``step_cost.BucketedTime``) and interpolated
+linearly in between.
 
 Node cap: with B requests each verifying n nodes, a step costs t(B (1 + n)) and yields per request
 1 + E(n) tokens, where E(n) = a + a^2 + ... + a^n is the expected accepted length of n nodes at
@@ -17,7 +18,12 @@ two buckets are measured the cap is the ceiling (the policy alone decides).
 
 from __future__ import annotations
 
-from vllm_adaptivespec.step_cost import BucketedTime, smoothed
+from vllm_adaptivespec.step_cost import BucketedTime
+
+
+def smoothed(old: float | None, new: float, smoothing: float) -> float:
+    """Exponential moving average step (the first observation is taken as is)."""
+    return new if old is None else old + smoothing * (new - old)
 
 
 class VerifyCost(BucketedTime):
