@@ -63,3 +63,34 @@ def test_smollm2_lossless_chain_equals_plain_greedy(smollm2, smollm2_prompts):
     depth_histogram = skipping["metrics"]["vllm:adaptivespec_draft_depth"]
     assert depth_histogram["buckets"]["0.0"] > 0  # steps without speculation were taken
     assert _accepted_per_draft_token(skipping["metrics"]) >= 0.9 * _accepted_per_draft_token(adaptive["metrics"])
+
+
+CODE = "def add(a, b):\n    result = a + b\n    return result\n\ndef mul(a, b):\n    result = a * b\n    return result\n"
+ECHO_QUESTIONS = [
+    f"Repeat this code exactly, then rename result to value:\n{CODE}",
+    "List three uses of a paperclip.",
+    f"Copy the following text:\n{CODE}{CODE}",
+    "Write a Python function that returns the factorial of n.",
+]
+
+
+def test_smollm2_free_drafts_are_used_and_lossless(smollm2):
+    # Prompts whose answers copy the prompt: the default settings draft from the requests' own text (the
+    # free source) where it is likelier than the drafter, the drafter elsewhere; output stays plain greedy.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2.target))
+    prompts = [
+        tokenizer(
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in ECHO_QUESTIONS
+    ]
+    plain = run_engine(_spec(smollm2, prompts))
+    free = run_engine(_spec(smollm2, prompts, adaptivespec={"tau": 1.0}))
+    assert free["outputs"]["1"] == plain["outputs"]["1"]
+    assert free["outputs"]["4"] == plain["outputs"]["4"]
+    metrics = free["metrics"]
+    assert metrics["vllm:adaptivespec_free_draft_tokens"] > 0
+    assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0

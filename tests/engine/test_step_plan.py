@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.state import PROBE_BACKOFF, AdaptiveState
 from vllm_adaptivespec.step_cost import StepCosts
@@ -87,3 +89,45 @@ def test_the_drafter_lags_from_where_it_first_saw_a_request():
     state.behind = {"r1": 12}  # a chunk of it was: positions 0..11
     state.drafter_caught_up([42, 12])
     assert state.drafter_next == {"r0": 43, "r1": 12}
+
+
+def _free_state(batch: int, draft: float, **settings) -> AdaptiveState:
+    """A state whose requests' token tables repeat "1 2 3 4 5 6" (a copy to be made), with a prompt of 6."""
+    state = _state(batch=batch, per_token=0.0005, base=0.05, draft=draft, **settings)
+    table = np.array([[1, 2, 3, 4, 5, 6] * 4] * batch, dtype=np.int32)
+    state._runner.input_batch.token_ids_cpu = table
+    state._runner.requests = {rid: SimpleNamespace(num_prompt_tokens=6) for rid in state.request_ids()}
+    return state
+
+
+def _offer(state: AdaptiveState, k: int = 4) -> None:
+    # Every request's query token is 2 at position 13 and the token just sampled is 3, so its history is
+    # 1 2 3 4 5 6 1 2 3 4 5 6 1 2 3: its last 4 tokens "6 1 2 3" occurred before, followed by "4 5 6 1".
+    batch = len(state.request_ids())
+    state.offer_free_drafts([13] * batch, [[2]] * batch, [3] * batch, k)
+
+
+def test_free_drafts_alone_run_no_drafter_pass_and_feed_their_own_estimates():
+    # A drafter pass as dear as a target forward: only copies pay, so the step drafts them without the drafter.
+    state = _free_state(batch=2, draft=0.05)
+    _offer(state)
+    assert state.free_drafts.offers["r0"] == ([4, 5, 6, 1], 4)
+    assert state.drafter_off()
+    drafts = state.with_free_drafts([[], []])
+    assert drafts == [[4, 5, 6, 1], [4, 5, 6, 1]] and state.step.free_tokens == 8
+    with state.verifying([4, 4]) as verification:
+        verification.num_accepted, verification.num_promoted = [4, 1], [0, 0]
+    assert state.free_drafts.policies["r0"].acceptance_rate == 1.0
+    assert state.free_drafts.policies["r1"].acceptance_rate == 0.5
+    assert state.policies["r0"].judged == 0  # the drafter's history is not touched by copies
+    assert state.free_drafts.pooled.rate() == 5 / 6
+
+
+def test_without_free_drafts_a_row_is_judged_as_the_drafters():
+    state = _free_state(batch=1, draft=0.05, free_drafter="off")
+    assert state.free_drafts is None
+    _offer(state)  # nothing to offer: no free source
+    assert state.with_free_drafts([[7]]) == [[7]] and state.step.free_tokens == 0
+    with state.verifying([1]) as verification:
+        verification.num_accepted, verification.num_promoted = [1], [0]
+    assert state.policies["r0"].judged == 1

@@ -64,6 +64,80 @@ def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_to
     assert all(0 <= d <= max_depth for d in plan.depths)
 
 
+def _free_rate(choice, p, free, costs, first_pass_done):
+    """E / t of a plan ``choice`` = [(source, d_i)] with free drafts, from the module docstring: free
+    chains emit q_i^k and need no drafter pass."""
+    batch = len(p)
+    emitted = batch + sum(
+        sum((free[i][1] if source == "free" else p[i]) ** k for k in range(1, d + 1))
+        for i, (source, d) in enumerate(choice)
+    )
+    deepest = max((d for source, d in choice if source == "drafter"), default=0)
+    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_done else deepest)
+    verified = sum(d for _, d in choice)
+    return emitted / (costs.fixed + costs.target.seconds(batch + verified) + passes * costs.draft_pass.seconds(1, 1))
+
+
+def _chain(a, n):
+    return sum(a**k for k in range(1, n + 1))
+
+
+def _free_choices(p, free, max_depth, follow_rule):
+    """Every plan: per request nothing, a free chain of 1..L_i or a drafter chain of 1..max_depth; with
+    ``follow_rule``, only plans whose sources follow the module docstring's source rule."""
+    options = [
+        [("none", 0)] + [("free", d) for d in range(1, n + 1)] + [("drafter", d) for d in range(1, max_depth + 1)]
+        for n, _ in free
+    ]
+    for choice in itertools.product(*options):
+        drafter_depth = max((d for source, d in choice if source == "drafter"), default=0)
+        if follow_rule:
+            rule = [
+                n > 0 and (drafter_depth == 0 or _chain(q, n) >= _chain(pi, drafter_depth))
+                for (n, q), pi in zip(free, p)
+            ]
+            if any((source == "free") != prefer for (source, d), prefer in zip(choice, rule) if d > 0):
+                continue
+        yield choice
+
+
+@FAST
+@given(
+    st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 3), st.floats(0.0, 1.0)), min_size=1, max_size=3),
+    st.integers(1, 3),
+    st.floats(0.0, 0.05),
+    st.floats(0.01, 1.0),
+    st.floats(0.001, 1.0),
+    st.floats(0.0, 0.5),
+    st.booleans(),
+)
+def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
+    requests, max_depth, per_token, base, draft, fixed, first
+):
+    p = [pi for pi, _, _ in requests]
+    free = [(min(n, max_depth), q) for _, n, q in requests]
+    costs = _costs(per_token, base, draft, fixed)
+    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_done=first, free=free)
+    choice = [("free" if f else "drafter", d) for f, d in zip(plan.free, plan.depths)]
+    assert plan.rate == pytest.approx(_free_rate(choice, p, free, costs, first), rel=1e-9)
+    assert all(d <= n for (n, _), (source, d) in zip(free, choice) if source == "free")
+    best = max(_free_rate(c, p, free, costs, first) for c in _free_choices(p, free, max_depth, follow_rule=True))
+    assert plan.rate >= best / (1.0 + MIN_GAIN) - 1e-12
+    # Against every plan (the rule can miss a free chain less sure than the drafter's that would save the
+    # batch a pass):
+    unrestricted = max(_free_rate(c, p, free, costs, first) for c in _free_choices(p, free, max_depth, False))
+    assert plan.rate >= 0.9 * unrestricted
+
+
+def test_a_step_of_free_drafts_only_runs_no_drafter_pass():
+    costs = _costs(per_token=0.0, base=1.0, draft=0.5, fixed=0.05)
+    plan = plan_depths([0.5, 0.5], costs, 1, 4, free=[(4, 0.9), (3, 0.8)])
+    assert plan.free == [True, True] and plan.passes == 0 and min(plan.depths) >= 3
+    mixed = plan_depths([0.5, 0.95], _costs(0.0, 1.0, 0.05, 0.05), 1, 4, free=[(4, 0.9), (0, 0.0)])
+    assert mixed.free == [True, False] and mixed.passes == mixed.depths[1] > 0
+    assert plan_depths([0.5], costs, 1, 4, free=[(0, 0.0)]).free == [False]
+
+
 @given(
     batch=st.integers(1, 8),
     max_depth=st.integers(1, 6),

@@ -19,9 +19,11 @@ PROMOTED = "vllm:adaptivespec_promoted_tokens"
 DEPTH = "vllm:adaptivespec_draft_depth"
 DRAFT_COST = "vllm:adaptivespec_draft_cost"
 OVERHEAD = "vllm:adaptivespec_overhead_seconds"
+FREE = "vllm:adaptivespec_free_draft_tokens"
 _EXTRA_FIELDS = {
     "adaptivespec_overhead_seconds": (float, 0.0),
     "adaptivespec_promoted": (int, 0),
+    "adaptivespec_free_tokens": (int, 0),
     "adaptivespec_depth_counts": (list[int], None),
     "adaptivespec_draft_cost": (float, -1.0),  # -1: not known in this step
 }
@@ -37,6 +39,7 @@ def add_step_stats(spec_decoding_stats, step) -> None:
     """Scheduler side: fold one step's worker stats into the step's SpecDecodingStats."""
     spec_decoding_stats.adaptivespec_promoted = spec_decoding_stats.adaptivespec_promoted + step.promoted
     spec_decoding_stats.adaptivespec_overhead_seconds += step.overhead_seconds
+    spec_decoding_stats.adaptivespec_free_tokens += step.free_tokens
     counts = list(spec_decoding_stats.adaptivespec_depth_counts or [])
     for depth, n in enumerate(step.depth_counts):
         if depth >= len(counts):
@@ -75,6 +78,15 @@ class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
             ),
             per_engine_labelvalues,
         )
+        self.adaptivespec_free = create_metric_per_engine(
+            prometheus_client.Counter(
+                name=FREE,
+                documentation="Draft tokens AdaptiveSpec copied from the requests' own prompt and output "
+                "(the free draft source: no drafter pass).",
+                labelnames=labelnames,
+            ),
+            per_engine_labelvalues,
+        )
         max_depth = int(speculative_config.num_speculative_tokens)
         self.adaptivespec_depth = create_metric_per_engine(
             prometheus_client.Histogram(
@@ -103,6 +115,7 @@ class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
             return
         self.adaptivespec_promoted[engine_idx].inc(spec_decoding_stats.adaptivespec_promoted)
         self.adaptivespec_overhead[engine_idx].inc(spec_decoding_stats.adaptivespec_overhead_seconds)
+        self.adaptivespec_free[engine_idx].inc(spec_decoding_stats.adaptivespec_free_tokens)
         histogram = self.adaptivespec_depth[engine_idx]
         for depth, n in enumerate(spec_decoding_stats.adaptivespec_depth_counts or []):
             for _ in range(n):
@@ -118,6 +131,7 @@ class SpecDecodingLoggingPatch(VllmPatch[vllm_sd_metrics.SpecDecodingLogging]):
         """also reset AdaptiveSpec's log-line accumulators"""
         SpecDecodingLoggingPatch.stock.reset(self)
         self.adaptivespec_promoted = 0
+        self.adaptivespec_free_tokens = 0
         self.adaptivespec_depth_counts = np.zeros(0, dtype=np.int64)
         self.adaptivespec_draft_cost = -1.0
 
@@ -125,6 +139,7 @@ class SpecDecodingLoggingPatch(VllmPatch[vllm_sd_metrics.SpecDecodingLogging]):
         """accumulate AdaptiveSpec figures for the periodic log line"""
         SpecDecodingLoggingPatch.stock.observe(self, spec_decoding_stats)
         self.adaptivespec_promoted += spec_decoding_stats.adaptivespec_promoted
+        self.adaptivespec_free_tokens += spec_decoding_stats.adaptivespec_free_tokens
         if spec_decoding_stats.adaptivespec_draft_cost >= 0:
             self.adaptivespec_draft_cost = spec_decoding_stats.adaptivespec_draft_cost
         counts = np.asarray(spec_decoding_stats.adaptivespec_depth_counts or [], dtype=np.int64)
@@ -137,16 +152,17 @@ class SpecDecodingLoggingPatch(VllmPatch[vllm_sd_metrics.SpecDecodingLogging]):
 
     def log(self, log_fn=vllm_sd_metrics.logger.info):
         """append AdaptiveSpec figures to vLLM's spec-decode log line"""
-        promoted, counts = self.adaptivespec_promoted, self.adaptivespec_depth_counts
+        promoted, counts, free = self.adaptivespec_promoted, self.adaptivespec_depth_counts, self.adaptivespec_free_tokens
         draft_cost = self.adaptivespec_draft_cost
         had_drafts = bool(self.num_drafts)
         SpecDecodingLoggingPatch.stock.log(self, log_fn)
         if had_drafts and counts.size:
             mean_depth = float((counts * np.arange(counts.size)).sum() / max(counts.sum(), 1))
             log_fn(
-                "AdaptiveSpec metrics: Margin-promoted tokens: %d, Mean chosen depth: %.2f, "
+                "AdaptiveSpec metrics: Margin-promoted tokens: %d, Free draft tokens: %d, Mean chosen depth: %.2f, "
                 "Depth histogram: %s, Draft cost: %.3f",
                 promoted,
+                free,
                 mean_depth,
                 counts.tolist(),
                 draft_cost,

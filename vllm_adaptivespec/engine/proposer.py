@@ -72,11 +72,20 @@ class AdaptiveProposerMixin:
         # A draft model can skip a step (no pass at all) and catch up at its next pass; an EAGLE head
         # would need the target's hidden states of the skipped tokens, so it always runs its first pass.
         can_skip = self.method == "draft_model"
-        state.drafter_seen(_first_positions(common_attn_metadata).tolist())
+        first_positions = _first_positions(common_attn_metadata).tolist()
+        state.drafter_seen(first_positions)
+        if state.free_drafts is not None:  # drafts copied from each request's own text, before the plan
+            start = common_attn_metadata.query_start_loc_cpu.tolist()
+            query = target_token_ids.tolist()
+            state.offer_free_drafts(
+                first_positions, [query[a:b] for a, b in zip(start, start[1:])], next_token_ids.tolist(),
+                min(state.config.max_depth, num_speculative_tokens),
+            )  # fmt: skip
         if can_skip and state.drafter_off():
             self._last_draft_probs = None
+            drafts = state.with_free_drafts([[] for _ in range(common_attn_metadata.batch_size())])
             state.charge(started)
-            return [[] for _ in range(common_attn_metadata.batch_size())]
+            return drafts
         if can_skip:
             common_attn_metadata, target_token_ids, target_positions, target_hidden_states = self._catch_up(
                 common_attn_metadata, target_token_ids, target_positions, target_hidden_states
@@ -206,7 +215,7 @@ class AdaptiveProposerMixin:
             self._choosing_depths = False
         started = time.perf_counter()
         depths = self._chain_depths
-        drafts = [row[:depth] for row, depth in zip(draft.tolist(), depths)]
+        drafts = self.adaptive_state.with_free_drafts([row[:depth] for row, depth in zip(draft.tolist(), depths)])
         self.adaptive_state.charge(started)
         return drafts, max(1, max(depths, default=1))
 

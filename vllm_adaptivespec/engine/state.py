@@ -16,9 +16,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
+from vllm_adaptivespec.engine.free_draft import FreeDrafts
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
@@ -34,6 +36,7 @@ class StepStats:
     """What one engine step did, shipped to the scheduler with the model runner output."""
 
     promoted: int = 0
+    free_tokens: int = 0  # draft tokens copied from the requests' own text (no drafter pass)
     depth_counts: list[int] = field(default_factory=list)  # index = chosen depth
     draft_cost: float | None = None  # the drafter cost the policy priced depth with this step
     overhead_seconds: float = 0.0  # the plugin's own work this step (policy, bookkeeping, margin verification)
@@ -98,6 +101,12 @@ class AdaptiveState:
         self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
+        # The second draft source (chain mode): drafts copied from the request's own text, no drafter pass.
+        self.free_drafts = (
+            FreeDrafts(config, getattr(runner, "max_model_len", 1 << 30))
+            if config.free_drafter != "off" and config.mode == "chain"
+            else None
+        )
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
         self.drafter_next: dict[str, int] = {}  # first position whose drafter KV is missing (``drafter_seen``)
         # Requests whose drafter KV could not be caught up whole this pass (no draft for them), each with where
@@ -147,12 +156,19 @@ class AdaptiveState:
             plan = plan_depths(
                 self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
                 min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off, first_pass_done=True,
+                free=self._free_estimates(req_ids),
             )  # fmt: skip
+        free_rows = [False] * batch
         if self._random_shapes is not None:
             shapes = [self._random_shape(node_ceiling) for _ in req_ids]
         elif plan is not None:
             floor = min(self.config.min_depth, node_ceiling)
-            depths = [max(depth, floor) if self._must_probe(rid) else depth for rid, depth in zip(req_ids, plan.depths)]
+            free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
+            self._choose_free(req_ids, plan.depths, free_rows)
+            depths = [
+                0 if free else max(depth, floor) if self._must_probe(rid) else depth
+                for rid, depth, free in zip(req_ids, plan.depths, free_rows)
+            ]
             shapes = [TreeShape(depth, 1, depth) for depth in depths]
         else:
             policies = [self.policies[rid] for rid in req_ids]
@@ -165,9 +181,48 @@ class AdaptiveState:
         if self.behind:  # their drafter KV has a hole this pass: their drafts would be guesses
             shapes = [TreeShape(0, 1, 0) if rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
         for rid, shape in zip(req_ids, shapes):
-            self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1
-        self.step.add_depths(shape.depth for shape in shapes)
+            self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1  # steps without a drafter draft
+        self.step.add_depths(d if free else shape.depth for d, free, shape in zip(plan.depths if plan else [0] * batch,
+                                                                                   free_rows, shapes))
         return shapes
+
+    def _free_estimates(self, req_ids: list[str]) -> list[tuple[int, float]] | None:
+        """Each request's free draft for the step plan, (L_i, q_i); None without the free source."""
+        return None if self.free_drafts is None else self.free_drafts.estimates(req_ids)
+
+    def _choose_free(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
+        if self.free_drafts is not None:
+            self.free_drafts.choose(req_ids, depths, free)
+
+    def offer_free_drafts(
+        self, first_positions: list[int], query_tokens: list[list[int]], next_tokens: list[int], k: int
+    ) -> None:
+        """This step's free drafts, before the drafter runs or is skipped: each batch row's history is its
+        tokens before ``first_positions[row]`` (the runner's token table), this step's accepted query tokens
+        and the token just sampled. Rows still prefilling their prompt get none."""
+        if self.free_drafts is None:
+            return
+        table = self._runner.input_batch.token_ids_cpu
+        histories = []
+        for row, (rid, first, query, last) in enumerate(zip(self.request_ids(), first_positions, query_tokens,
+                                                            next_tokens)):  # fmt: skip
+            request = self._runner.requests.get(rid)
+            if request is None or first + len(query) < request.num_prompt_tokens:
+                histories.append(None)
+                continue
+            history = np.empty(first + len(query) + 1, dtype=np.int32)
+            history[:first] = table[row, :first]
+            history[first:-1] = query
+            history[-1] = last
+            histories.append(history)
+        self.free_drafts.offer(self.request_ids(), histories, k)
+
+    def with_free_drafts(self, drafts: list[list[int]]) -> list[list[int]]:
+        """The proposer's drafts with the rows the plan drafts from their free drafts replaced."""
+        if self.free_drafts is not None:
+            self.step.free_tokens += self.free_drafts.apply(self.request_ids(), drafts)
+        self._pending_empty = not any(drafts)
+        return drafts
 
     @property
     def planned(self) -> bool:
@@ -211,6 +266,7 @@ class AdaptiveState:
         answer, and a probe would pay the drafter's catch-up for nothing."""
         cfg = self.config
         req_ids = self.request_ids()
+        free_depths = [0] * len(req_ids)
         if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
         elif not cfg.allow_off or not self.planned:
@@ -219,7 +275,8 @@ class AdaptiveState:
             off = self._hopeless or self.off_streak < self.probe_interval
             self._probing = not off
         else:
-            plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth)
+            plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth,
+                               free=self._free_estimates(req_ids))  # fmt: skip
             if plan is None or plan.passes > 0:
                 off = self._hopeless = self._probing = False
                 if plan is not None:
@@ -230,13 +287,17 @@ class AdaptiveState:
                 self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth)
                 off = self._hopeless or self.off_streak < self.probe_interval
                 self._probing = not off
+                if off:  # free drafts, if the plan took any, are this step's only drafts
+                    self._choose_free(req_ids, plan.depths, plan.free)
+                    free_depths = [d if f else 0 for d, f in zip(plan.depths, plan.free or [False] * len(req_ids))]
         self.off_streak = self.off_streak + 1 if off else 0
-        self._off_batch = req_ids if off else None
+        # The same batch, off again with nothing verified in between, gets the same answer without a new plan.
+        self._off_batch = req_ids if off and not any(free_depths) else None
         if off:
             self._pending_passes, self._pending_empty = 0, True
             for rid in req_ids:
                 self.idle[rid] = self.idle.get(rid, 0) + 1
-            self.step.add_depths([0] * len(req_ids))
+            self.step.add_depths(free_depths)
         return off
 
     def drafter_seen(self, first_positions: list[int]) -> None:
@@ -345,11 +406,15 @@ class AdaptiveState:
                 for rid, drafted, depth, accepted, promoted in zip(
                     req_ids, done.num_draft_tokens, done.depths(), done.num_accepted, done.num_promoted
                 ):
-                    if drafted:
-                        self.policies[rid].observe(depth, accepted, promoted)
-                        self.pooled.observe(depth, accepted)
-                        if rid in self.confidence:
-                            self.calibration.observe(self.confidence.pop(rid), accepted >= 1)
+                    if not drafted:
+                        continue
+                    confidence = self.confidence.pop(rid, None)
+                    if self.free_drafts is not None and self.free_drafts.judged(rid, depth, accepted, promoted):
+                        continue  # a free draft: its source's estimates, not the drafter's
+                    self.policies[rid].observe(depth, accepted, promoted)
+                    self.pooled.observe(depth, accepted)
+                    if confidence is not None:
+                        self.calibration.observe(confidence, accepted >= 1)
                 self.step.promoted += sum(done.num_promoted)
                 if self.step_log is not None:
                     self.step_log.append({"drafted": list(done.num_draft_tokens), "accepted": list(done.num_accepted),
@@ -390,3 +455,5 @@ class AdaptiveState:
             self.drafter_next.pop(rid, None)
             self.behind.pop(rid, None)
             self.idle.pop(rid, None)
+            if self.free_drafts is not None:
+                self.free_drafts.free(rid)
