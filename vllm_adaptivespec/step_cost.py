@@ -346,6 +346,10 @@ def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | N
                     lambda iterated to the run's rate)
         regret      1 - policy / oracle
 
+    Free drafts (copies, no drafter pass) are the policy's like any other draft, with the passes its steps
+    actually ran; the fixed depths and the oracle know the drafter only, so where copies pay, the policy
+    can beat them (negative regret).
+
     Returns {"policy", "best_fixed", "best_fixed_depth", "fixed", "oracle", "regret", "steps"}
     (rates in tokens per second), or None when there is nothing to judge."""
     if not records or not costs.ready():

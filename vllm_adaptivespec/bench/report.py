@@ -33,6 +33,8 @@ DEFINITIONS = """\
 - **recovery**: accuracy / the autoregressive target's accuracy in the same cell (the lossless reference).
 - **same as AR**: at temperature 0, share of answers token-identical to the autoregressive target's.
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
+- **free**: share of AdaptiveSpec's draft tokens copied from the requests' own text (the free source, no
+  drafter pass), `vllm:adaptivespec_free_draft_tokens` / vLLM's draft-token counter.
 - **repeats**: with `--repeats N` every configuration runs N interleaved rounds (A B C A B C); each figure is the
   median over the rounds, and **tok/s spread** / **p50 spread** are max/min - 1 over them (min and max in results.json).
 - **overhead**: for configurations running the plugin, seconds it spent in its own per-step work
@@ -144,6 +146,8 @@ def _row(cell: dict) -> dict[str, str]:
     accuracy = accuracy_of(cell)
     match = cell.get("match_vs_ar") or {}
     promoted = (cell.get("adaptivespec") or {}).get("promoted_tokens", {}).get("value")
+    free = (cell.get("adaptivespec") or {}).get("free_draft_tokens", {}).get("value")
+    draft_tokens = spec.get("num_draft_tokens")
     return {
         "config": f"`{cell['config']}`",
         "tok/s": _fmt(cell["tokens_per_s"], 1),
@@ -160,6 +164,7 @@ def _row(cell: dict) -> dict[str, str]:
         "recovery": _pct(derived.get("accuracy_recovery")),
         "same as AR": _pct(match.get("identical")),
         "promoted": "–" if promoted is None else f"{promoted:g}",
+        "free": _pct(free / draft_tokens) if free is not None and draft_tokens else "–",
         "overhead": _pct(cell.get("overhead_share"), 1),
     }
 
@@ -170,7 +175,7 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
-          "step p99 ms", "accuracy", "recovery", "same as AR", "promoted"]
+          "step p99 ms", "accuracy", "recovery", "same as AR", "promoted", "free"]
 
 
 def columns(data: dict) -> list[str]:
