@@ -74,15 +74,17 @@ def test_no_metric_label_set_per_request(soak):
 
 
 def test_objects_and_rss_do_not_grow_with_requests(soak):
-    """Python objects (those created after vLLM's start-up gc.freeze) stay under twice the warm figure;
-    RSS after warm-up grows by less than 48 KiB per request over the second half of the run and 128 MiB
-    in all. (Measured in the full run, benchmarks/results/soak-tiny: stock vLLM speculation and plain
-    decoding creep by about 20 KiB per request too, so the bound is about vLLM's allocator, not ours.)"""
+    """Python objects (those created after vLLM's start-up gc.freeze) stay under twice the warm figure.
+    RSS is a coarse guard only (the tables above are the fine one): vLLM itself creeps, fastest early on
+    (full runs in benchmarks/results/soak-tiny: 68-92 KiB per request between 250 and 500 requests,
+    19-30 KiB between 1,000 and 2,000, the same with stock speculation and with none), so the bound is
+    160 KiB per request over the second half of the run and 192 MiB after warm-up in all: it catches a
+    leak of more than about 100 KiB per request, the tables anything that keeps a request's entry."""
     points = soak["points"]
     warm, half, end = points[1], points[len(points) // 2], points[-1]
     assert end["gc_objects"] <= 2 * warm["gc_objects"], (warm["gc_objects"], end["gc_objects"])
     handled = (end["requests"] + end["aborted"]) - (half["requests"] + half["aborted"])
     assert handled > 0
     per_request_kib = (end["rss_mib"] - half["rss_mib"]) * 1024 / handled
-    assert per_request_kib < 48, f"RSS grew {per_request_kib:.1f} KiB per request"
-    assert end["rss_mib"] - warm["rss_mib"] < 128, (warm["rss_mib"], end["rss_mib"])
+    assert per_request_kib < 160, f"RSS grew {per_request_kib:.1f} KiB per request"
+    assert end["rss_mib"] - warm["rss_mib"] < 192, (warm["rss_mib"], end["rss_mib"])
