@@ -17,11 +17,12 @@ class EngineFailed(RuntimeError):
         self.output = output
 
 
-def run_engine(spec: dict, timeout: float = 600) -> dict:
-    """Build an engine from `spec` in a fresh process; return its outputs and metrics."""
+def run_engine(spec: dict, timeout: float = 600, runner: Path = RUNNER) -> dict:
+    """Build an engine from `spec` in a fresh process (``runner``: engine_runner.py, or another script
+    that prints ``ENGINE_RESULT <json>``); return its outputs and metrics."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE_TEST", "1")}
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), json.dumps(spec)],
+        [sys.executable, str(runner), json.dumps(spec)],
         capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
     output = proc.stdout + proc.stderr

@@ -82,6 +82,44 @@ class MarginRejectionSampler(vllm_rejection.RejectionSampler):
         with REJECTION_SAMPLE.applied(partial(margin_rejection_sample, verification)), cpu_fixes.while_verifying():
             return super().forward(metadata, draft_probs, logits, sampling_metadata)
 
+    def _get_logprobs_tensors(
+        self,
+        max_num_logprobs: int,
+        metadata,
+        # [num_tokens + batch_size, vocab_size]
+        logits: torch.Tensor,
+        # [num_tokens, vocab_size]: the rows of the draft positions, [num_tokens + batch_size]: the bonus rows
+        target_logits: torch.Tensor,
+        bonus_logits: torch.Tensor,
+        # [batch_size, max_spec_len + 1] output tokens, placeholder-padded
+        sampled_token_ids: torch.Tensor,
+    ):
+        """Logprobs of the emitted tokens. vLLM reads output token j of a request off the request's logits
+        row j, which is the row that predicted it only for a chain. In a tree, output token j (j >= 1) was
+        predicted after the accepted node of level j, whose row is that node's index + 1 (row 0: after the
+        request's last token): the rows are gathered along each request's accepted path instead."""
+        verification = self.adaptive_state.verification
+        nodes = None if verification is None or verification.trees is None else verification.accepted_nodes
+        if nodes is None:
+            return super()._get_logprobs_tensors(
+                max_num_logprobs, metadata, logits, target_logits, bonus_logits, sampled_token_ids
+            )
+        final_logits = torch.zeros_like(logits, dtype=torch.float32)
+        final_logits[metadata.target_logits_indices] = target_logits.to(torch.float32)
+        final_logits[metadata.bonus_logits_indices] = bonus_logits.to(torch.float32)
+        batch, width = sampled_token_ids.shape
+        starts = torch.zeros_like(metadata.cu_num_sampled_tokens)
+        starts[1:] = metadata.cu_num_sampled_tokens[:-1]
+        rows = torch.arange(width, device=starts.device).repeat(batch, 1)  # placeholders: any row, filtered later
+        path = nodes.to(starts.device)[:, : width - 1]
+        rows[:, 1 : path.shape[1] + 1] = torch.where(path >= 0, path + 1, rows[:, 1 : path.shape[1] + 1])
+        indices = (starts[:, None].long() + rows).flatten().clamp_(max=final_logits.shape[0] - 1)
+        tokens = sampled_token_ids.flatten().to(torch.int64)
+        tokens[tokens == _PLACEHOLDER] = 0
+        picked = final_logits[indices]
+        logprobs = picked if self.is_logits_logprobs_mode else self.sampler.compute_logprobs(picked)
+        return self.sampler.gather_logprobs(logprobs, max_num_logprobs, tokens)
+
 
 def margin_rejection_sample(
     verification: Verification,
