@@ -45,7 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "right after static-k2/static-k4, plus static-tree, on 32 problems and 16 prompts "
                              "(1,500+ tokens a cell), batch 1 and 8, greedy, 2 interleaved repeats; stock: AdaptiveSpec "
                              "(policy-only, adaptive@0.5) against ar and every stock configuration (static k=1..4, "
-                             "ngram, dynamic) on the same cells, 2 interleaved repeats; full: every "
+                             "ngram, suffix where Arctic Inference is installed, dynamic) on the same cells, 2 "
+                             "interleaved repeats; full: every "
                              "configuration, 5 taus, all 164 problems, 62 prompts and 240 math problems, batch 1 "
                              "and 8, temperature 0 and 0.7 (default: quick)")
     models = parser.add_argument_group("models")
@@ -59,9 +60,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            "see --list")
     what.add_argument("--taus", type=_floats, help="tau values of the swept configurations, e.g. 0.9,0.5,0.1")
     what.add_argument("--workloads", type=_names,
-                      help="comma-separated, of humaneval, general (speed only, nothing graded) and math "
-                           "(checked arithmetic word problems, exact-match accuracy) (default: humaneval,general; "
-                           "full: all three)")
+                      help="comma-separated, of humaneval, general (speed only, nothing graded), math "
+                           "(checked arithmetic word problems, exact-match accuracy), edit (edit a HumanEval "
+                           "solution: the edited code must pass its tests and make the change), quote (quote the "
+                           "sentence of a passage that answers a question: exact quote) and mixed (edit, quote, "
+                           "humaneval and general items in turn) (default: humaneval,general; full: all six)")
     what.add_argument("--batches", type=_ints, help="concurrent requests, e.g. 1,8")
     what.add_argument("--temperatures", type=_floats, help="e.g. 0,0.7")
     what.add_argument("--humaneval-problems", help="comma-separated problem numbers, or 'all'")
@@ -72,6 +75,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     what.add_argument("--math-limit", type=int,
                       help="number of math problems: the first N of the 240 generated (the 11 kinds take turns)")
     what.add_argument("--math-seed", type=int, default=0, help="seed of the generated math problems (default: 0)")
+    what.add_argument("--edit-limit", type=int, help="number of code edits (an evenly spread subset of the 164)")
+    what.add_argument("--quote-limit", type=int, help="number of quote questions (an evenly spread subset of the 24)")
+    what.add_argument("--mixed-limit", type=int, help="number of mixed items (edit, quote, humaneval, general in turn)")
     for workload in WORKLOADS:
         what.add_argument(f"--max-tokens-{workload}", type=int)
     engine = parser.add_argument_group("engine")
@@ -164,6 +170,8 @@ def build_settings(args, target: str, drafter: str | None):
         general_limit=args.general_limit if args.general_limit is not None else preset["general_limit"],
         math_limit=args.math_limit if args.math_limit is not None else preset["math_limit"],
         math_seed=args.math_seed,
+        **{f"{w}_limit": preset[f"{w}_limit"] if getattr(args, f"{w}_limit") is None else getattr(args, f"{w}_limit")
+           for w in ("edit", "quote", "mixed")},
         max_tokens=max_tokens,
         max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager if args.enforce_eager is not None else not _has_gpu(),

@@ -81,7 +81,8 @@ def test_math_workload_options_and_presets():
     quick = build_settings(parser.parse_args(["bench"]), "/t", "/d")
     assert quick.workloads == ["humaneval", "general"] and quick.math_limit == 4  # math on request only
     full = build_settings(parser.parse_args(["bench", "--mode", "full"]), "/t", "/d")
-    assert full.workloads == ["humaneval", "general", "math"] and full.math_limit is None and full.math_seed == 0
+    assert full.workloads == ["humaneval", "general", "math", "edit", "quote", "mixed"]
+    assert full.math_limit is None and full.math_seed == 0
     args = parser.parse_args(["bench", "--workloads", "math,humaneval", "--math-limit", "12", "--math-seed", "3",
                               "--max-tokens-math", "200"])
     chosen = build_settings(args, "/t", "/d")
@@ -115,3 +116,31 @@ def test_math_settings_enter_the_fingerprint_only_when_math_runs(tmp_path):
     assert BenchSettings(**math, math_seed=1).fingerprint() != BenchSettings(**math).fingerprint()
     with pytest.raises(ValueError, match="no max_tokens for workloads"):
         BenchSettings(**dict(base, workloads=["math"], max_tokens={"humaneval": 64}))
+
+
+def test_copying_workload_options_presets_and_fingerprint(tmp_path):
+    import argparse
+
+    from vllm_adaptivespec.bench.settings import BenchSettings
+    from vllm_adaptivespec.cli_bench import add_parser, build_settings
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    for mode, preset in PRESETS.items():  # every mode can run them
+        for workload in ("edit", "quote", "mixed"):
+            assert preset["max_tokens"][workload] > 0 and f"{workload}_limit" in preset, (mode, workload)
+    quick = build_settings(parser.parse_args(["bench"]), "/t", "/d")
+    assert (quick.edit_limit, quick.quote_limit, quick.mixed_limit) == (4, 4, 8)
+    args = parser.parse_args(["bench", "--workloads", "edit,quote,mixed", "--edit-limit", "6", "--quote-limit", "5",
+                              "--mixed-limit", "12", "--max-tokens-quote", "80"])
+    chosen = build_settings(args, "/t", "/d")
+    assert chosen.workloads == ["edit", "quote", "mixed"] and chosen.max_tokens["quote"] == 80
+    assert (chosen.edit_limit, chosen.quote_limit, chosen.mixed_limit) == (6, 5, 12)
+    base = dict(target="/t", drafter="/d", configs=["ar"], taus=[], batches=[1], temperatures=[0.0],
+                humaneval_problems=[0], general_limit=4, output=tmp_path)
+    plain = BenchSettings(**base, workloads=["humaneval", "general"], max_tokens={"humaneval": 64, "general": 40})
+    lengths = {"humaneval": 64, "general": 40, "edit": 256, "quote": 48, "mixed": 256}
+    unused = BenchSettings(**base, workloads=["humaneval", "general"], max_tokens=lengths, edit_limit=3)
+    assert plain.fingerprint() == unused.fingerprint()  # runs without them keep their fingerprint
+    edit = dict(base, workloads=["edit"], max_tokens={"edit": 256})
+    assert BenchSettings(**edit, edit_limit=4).fingerprint() != BenchSettings(**edit, edit_limit=8).fingerprint()

@@ -117,3 +117,46 @@ def test_tau_out_of_range_is_refused(tau):
     row = next(r for r in TABLE if r.name == "adaptive")
     with pytest.raises(ValueError):
         build(row, DRAFT_PATH, tau)
+
+
+def test_suffix_row_is_vllms_suffix_method_with_its_settings():
+    from vllm.config import SpeculativeConfig
+
+    row = next(r for r in TABLE if r.name == "suffix")
+    assert row.kind == "suffix" and row.needs == "arctic_inference.suffix_decoding" and row.depth is None
+    spec = row.speculative
+    assert spec["method"] == "suffix" and spec["num_speculative_tokens"] == 8
+    fields = SpeculativeConfig.__dataclass_fields__
+    for key, value in spec.items():  # every key is one vLLM 0.32 accepts; the suffix settings are its defaults
+        assert key in fields, key
+        if key.startswith("suffix_decoding_"):
+            assert fields[key].default == value, key
+
+
+def test_suffix_runs_where_arctic_inference_imports_and_is_rejected_with_the_reason_elsewhere(monkeypatch):
+    from vllm_adaptivespec.bench import configs
+
+    monkeypatch.setattr(configs, "missing_module", lambda module: None)
+    chosen, rejected = select(["suffix", "ar"], [], DRAFT_PATH)
+    assert [c.name for c in chosen] == ["ar", "suffix"] and not rejected
+    (suffix,) = [c for c in chosen if c.name == "suffix"]
+    assert suffix.engine_args() == {"speculative_config": configs.SUFFIX, "additional_config": None}
+    assert not suffix.needs_drafter and suffix.kind in configs.STOCK_KINDS
+
+    monkeypatch.setattr(configs, "missing_module", lambda module: f"needs {module}; importing it failed")
+    for names in (["suffix", "ar"], ["all"], ["ar", "suffix@0.5"]):
+        chosen, rejected = select(names, [0.5], DRAFT_PATH)
+        assert "suffix" not in {c.name for c in chosen} and "ar" in {c.name for c in chosen}
+        reasons = {r.name: r.reason for r in rejected}
+        assert list(reasons) == (["suffix"] if names != ["ar", "suffix@0.5"] else ["suffix@0.5"])
+    chosen, rejected = select(["all"], [0.5], DRAFT_PATH)
+    assert rejected[0].reason == "needs arctic_inference.suffix_decoding; importing it failed"
+    assert len(chosen) == len(TABLE) - 1  # the rest of "all" still runs (one tau: one configuration a row)
+
+
+def test_missing_module_names_the_package_and_the_import_error():
+    from vllm_adaptivespec.bench.configs import missing_module
+
+    assert missing_module("json") is None
+    reason = missing_module("vllm_adaptivespec_no_such_module")
+    assert "importing vllm_adaptivespec_no_such_module failed: ModuleNotFoundError" in reason

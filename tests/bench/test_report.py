@@ -73,6 +73,33 @@ def test_no_best_stock_ratio_without_every_stock_configuration(data):
     assert "| x best stock |" not in markdown(data)  # no such column (the legend still explains it)
 
 
+def test_suffix_decoding_joins_best_stock_in_a_run_that_selected_it(data):
+    data["configs"]["suffix"] = {"kind": "suffix", "row": "suffix"}
+    data["cells"].append({"config": "suffix", "row": "suffix", "kind": "suffix", "workload": "humaneval", "batch": 1,
+                          "temperature": 0.0, "status": "failed", "error": "engine failed"})
+    derive(data)
+    cell = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "humaneval")
+    assert cell["derived"]["best_stock"] is None  # selected but not measured: best of a subset is not shown
+    data["cells"][-1] = _cell("suffix", "suffix", "suffix", None, 22.0, 0.5)
+    derive(data)
+    cell = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "humaneval")
+    assert cell["derived"]["best_stock"] == "suffix" and cell["derived"]["speedup_vs_best_stock"] == pytest.approx(24 / 22)
+    del data["configs"]["suffix"]  # not selected (rejected where Arctic Inference is missing): the rest suffice
+    data["cells"].pop()
+    derive(data)
+    cell = next(c for c in data["cells"] if c["config"] == "adaptive@0.5" and c["workload"] == "humaneval")
+    assert cell["derived"]["best_stock"] == "ngram"
+
+
+def test_copying_workloads_accuracy_is_shown(data):
+    for cell in data["cells"]:
+        if cell["workload"] == "general":
+            cell["workload"] = "quote"
+            cell["accuracy"] = {"metric": "quote_exact", "value": 0.75, "correct": 3, "n": 4}
+    derive(data)
+    assert "75% (3/4)" in markdown(data)
+
+
 def test_markdown_has_one_table_per_group_and_reports_problems(data):
     derive(data)
     text = markdown(data)

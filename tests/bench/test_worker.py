@@ -67,3 +67,28 @@ def test_a_stuck_engine_fails_the_cell_and_aborts_its_requests():
     with pytest.raises(EngineStalled, match="no token for 0.2 s with 2 request"):
         run_cell(engine, [{}] * 3, [None] * 3, batch=2, on_done=lambda: None, stall_timeout_s=0.2)
     assert sorted(engine.aborted) == ["r0", "r1"] and not engine.running
+
+
+def test_suffix_cache_is_replaced_by_an_empty_one_of_the_same_settings():
+    from vllm_adaptivespec.bench.worker import reset_suffix_cache
+
+    class Cache:
+        def __init__(self, max_tree_depth: int, max_cached_requests: int):
+            self.max_tree_depth, self.max_cached_requests = max_tree_depth, max_cached_requests
+            self.responses = []
+
+    class Engine:
+        def __init__(self, drafter):
+            self.worker = SimpleNamespace(model_runner=SimpleNamespace(drafter=drafter))
+
+        def collective_rpc(self, method):
+            return [method(self.worker)]
+
+    old = Cache(24, 10000)
+    old.responses.append([1, 2, 3])  # an earlier cell's answer
+    engine = Engine(SimpleNamespace(suffix_cache=old))
+    assert reset_suffix_cache(engine)
+    new = engine.worker.model_runner.drafter.suffix_cache
+    assert new is not old and new.responses == [] and (new.max_tree_depth, new.max_cached_requests) == (24, 10000)
+    assert not reset_suffix_cache(Engine(SimpleNamespace()))  # a drafter without a suffix cache: nothing to reset
+    assert not reset_suffix_cache(Engine(None))

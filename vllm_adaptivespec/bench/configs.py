@@ -3,22 +3,60 @@
 A row names a decoding method and the stock `speculative_config` / AdaptiveSpec settings it runs
 with. Rows marked ``per_tau`` are swept over the run's tau values and named ``<row>@<tau>``
 (``adaptive@0.5``). Adding a configuration is adding a row.
+
+A row may need an optional package (``Row.needs``): vLLM's ``suffix`` method imports Arctic Inference's
+suffix-tree cache. Where that package does not import, selecting the row rejects it with the reason
+(the run reports it under "Configurations not run" and goes on without it).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 DRAFTER = "<drafter>"  # replaced by the drafter's path
 TAU = "<tau>"  # replaced by each tau of the sweep
 
-KINDS = ("ar", "static", "ngram", "dynamic", "static-tree", "adaptivespec")
-STOCK_KINDS = ("static", "ngram", "dynamic")  # stock vLLM speculation, the references to beat
-# Every stock configuration that runs here: "best stock" is the best of all of them in one run, never
-# of a subset (the report prints no best-stock ratio for a run that lacks one of them).
+KINDS = ("ar", "static", "ngram", "suffix", "dynamic", "static-tree", "adaptivespec")
+STOCK_KINDS = ("static", "ngram", "suffix", "dynamic")  # stock vLLM speculation, the references to beat
+# Every stock configuration that runs everywhere: "best stock" is the best of all of them in one run, never
+# of a subset (the report prints no best-stock ratio for a run that lacks one of them). A stock row that
+# needs an optional package (suffix) joins the set in every run that selected it; where the package is
+# missing the row is rejected at selection, named in the report, and best stock is over the rest.
 STOCK_SET = ("static-k1", "static-k2", "static-k3", "static-k4", "ngram", "dynamic")
+
+# vLLM's suffix decoding (method "suffix": Arctic Inference's suffix trees over the request's prompt and
+# output and over earlier responses). The suffix settings are vLLM 0.32's defaults, written out so a run
+# records them; vLLM's default ceiling would be the tree depth (24 tokens a step), 8 keeps it at the
+# deepest any other row drafts (dynamic, adaptive), which a 2-core CPU target can still verify cheaply.
+# How long a draft is each step follows the match: at most max_spec_factor x the matched suffix length,
+# only tokens whose estimated probability is at least min_token_prob.
+SUFFIX = {
+    "method": "suffix",
+    "num_speculative_tokens": 8,
+    "suffix_decoding_max_tree_depth": 24,
+    "suffix_decoding_max_cached_requests": 10000,
+    "suffix_decoding_max_spec_factor": 1.0,
+    "suffix_decoding_min_token_prob": 0.1,
+}
+# What a row may need beyond vLLM: the module vLLM imports for it, and how to get it.
+OPTIONAL_MODULES = {
+    "arctic_inference.suffix_decoding": "Arctic Inference's suffix decoding cache (pip package arctic-inference, "
+                                        "source only: scripts/setup.sh builds it)",
+}
+
+
+@lru_cache(maxsize=None)
+def missing_module(module: str) -> str | None:
+    """Why ``module`` cannot be used here (it is imported, native extension included), or None if it can."""
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # an ImportError, or a native extension that fails to load
+        return f"needs {OPTIONAL_MODULES.get(module, module)}; importing {module} failed: {type(err).__name__}: {err}"
+    return None
 
 
 def _draft(k: int, **extra: Any) -> dict:
@@ -46,6 +84,7 @@ class Row:
     about: str = ""
     lossless_twin: str | None = None  # for a swept row: the row it equals at tau = 1
     stock_twin: str | None = None  # for a pinned row: the stock row of the same shape (paired in the report)
+    needs: str | None = None  # a module vLLM imports for this row (see OPTIONAL_MODULES)
 
 
 # vLLM's batch-size schedule for dynamic speculation: (first batch size, last batch size, k).
@@ -62,6 +101,9 @@ TABLE: tuple[Row, ...] = (
     Row("ngram", "ngram",
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
         depth=4, about="vLLM n-gram (prompt lookup) speculation, k=4, n in [2, 4]"),
+    Row("suffix", "suffix", SUFFIX, needs="arctic_inference.suffix_decoding",
+        about="vLLM suffix decoding (Arctic Inference suffix trees over prompt, output and earlier responses), "
+              "up to 8 tokens a step, vLLM's default suffix settings"),
     Row("dynamic", "dynamic", _draft(8, num_speculative_tokens_per_batch_size=DYNAMIC_SCHEDULE),
         about=f"vLLM dynamic speculation, batch-size schedule {DYNAMIC_SCHEDULE}"),
     Row("policy-only", "adaptivespec", _draft(8), {"tau": 1.0, "max_depth": 8},
@@ -146,6 +188,8 @@ def build(row: Row, drafter: str | None, tau: float | None = None) -> BenchConfi
         raise ValueError(f"{row.name!r} takes no tau")
     if tau is not None and not (0.0 < tau <= 1.0 and math.isfinite(tau)):
         raise ValueError(f"tau must be in (0, 1] (got {tau})")
+    if row.needs is not None and (problem := missing_module(row.needs)) is not None:
+        raise ValueError(problem)
     adaptivespec = _substitute(row.adaptivespec, drafter, tau)
     if adaptivespec is not None:
         from vllm_adaptivespec.config import AdaptiveSpecConfig
@@ -177,7 +221,8 @@ def select(names: list[str], taus: list[float], drafter: str | None) -> tuple[li
 
     Accepted: a row name (a swept row expands over ``taus``), ``<row>@<tau>``, a kind
     (``static`` = every static row) or ``all``. Anything else is returned as `Rejected`
-    with the reason, so the caller can report it and run the rest.
+    with the reason, so the caller can report it and run the rest; so is a row whose optional package is
+    missing here (``Row.needs``), under its own name, also when a kind or ``all`` asked for it.
     """
     wanted: dict[str, BenchConfig] = {}
     rejected: list[Rejected] = []
@@ -186,16 +231,22 @@ def select(names: list[str], taus: list[float], drafter: str | None) -> tuple[li
         if not name:
             continue
         try:
-            for config in _expand(name, taus, drafter):
-                wanted.setdefault(config.name, config)
+            configs, unavailable = _expand(name, taus, drafter)
         except ValueError as err:
             rejected.append(Rejected(name, str(err)))
+            continue
+        for config in configs:
+            wanted.setdefault(config.name, config)
+        for reason in unavailable:
+            if all(seen.name != reason.name for seen in rejected):
+                rejected.append(reason)
     order = {row.name: i for i, row in enumerate(TABLE)}
     configs = sorted(wanted.values(), key=lambda c: (order[c.row], -(c.tau or 0.0)))
     return configs, rejected
 
 
-def _expand(name: str, taus: list[float], drafter: str | None) -> list[BenchConfig]:
+def _expand(name: str, taus: list[float], drafter: str | None) -> tuple[list[BenchConfig], list[Rejected]]:
+    """The configurations ``name`` stands for, and the rows of it that need a package missing here."""
     if name == "all":
         rows = list(TABLE)
     elif name in KINDS:
@@ -209,17 +260,20 @@ def _expand(name: str, taus: list[float], drafter: str | None) -> list[BenchConf
             tau = float(tau_text)
         except ValueError:
             raise ValueError(f"tau {tau_text!r} in {name!r} is not a number") from None
-        return [build(row, drafter, tau)]
+        return [build(row, drafter, tau)], []
     elif name in ROWS:
         rows = [ROWS[name]]
     else:
         raise ValueError(f"unknown configuration {name!r}; known: {', '.join(known_names())}")
-    configs = []
+    configs, unavailable = [], []
     for row in rows:
+        if row.needs is not None and (problem := missing_module(row.needs)) is not None:
+            unavailable.append(Rejected(row.name, problem))
+            continue
         if row.per_tau:
             if not taus:
                 raise ValueError(f"{row.name!r} is swept over tau but no tau values were given")
             configs.extend(build(row, drafter, tau) for tau in taus)
         else:
             configs.append(build(row, drafter))
-    return configs
+    return configs, unavailable

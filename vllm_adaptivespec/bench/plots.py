@@ -17,11 +17,14 @@ from .engine_metrics import histogram_distribution
 from .report import accuracy_of
 
 SWEPT = [row for row in TABLE if row.per_tau]
-REFERENCE_STYLES = {"ar": ("black", ":"), "ngram": ("tab:brown", "-."), "dynamic": ("tab:purple", "--")}
+REFERENCE_STYLES = {"ar": ("black", ":"), "ngram": ("tab:brown", "-."), "suffix": ("tab:olive", "-."),
+                    "dynamic": ("tab:purple", "--")}
 # graded workload: (panel title, accuracy label); each gets its own figure
-ACCURACY_PLOTS = {"humaneval": ("HumanEval", "pass@1"), "math": ("Math", "exact match")}
-KIND_COLORS = {"ar": "tab:gray", "static": "tab:blue", "ngram": "tab:brown", "dynamic": "tab:purple",
-               "static-tree": "tab:orange", "adaptivespec": "tab:green"}
+ACCURACY_PLOTS = {"humaneval": ("HumanEval", "pass@1"), "math": ("Math", "exact match"),
+                  "edit": ("Code edits", "edit correct"), "quote": ("Quotes", "exact quote"),
+                  "mixed": ("Mixed", "graded items correct")}
+KIND_COLORS = {"ar": "tab:gray", "static": "tab:blue", "ngram": "tab:brown", "suffix": "tab:olive",
+               "dynamic": "tab:purple", "static-tree": "tab:orange", "adaptivespec": "tab:green"}
 
 
 def _groups(data: dict) -> dict[tuple, dict[str, dict]]:
@@ -142,7 +145,7 @@ def speed_by_config(data: dict, path: Path) -> Path | None:
 
 
 def accuracy_vs_tau(data: dict, path: Path, workload: str = "humaneval") -> Path | None:
-    """Accuracy over tau for one graded workload (HumanEval pass@1, math exact match)."""
+    """Accuracy over tau for one graded workload (HumanEval pass@1, math exact match, edits, quotes, mixed)."""
     title, label = ACCURACY_PLOTS[workload]
     groups = {k: v for k, v in _groups(data).items() if k[0] == workload}
     if not groups:
@@ -198,6 +201,8 @@ def draw_all(data: dict, directory: Path) -> list[Path]:
         speed_vs_tau(data, directory / "speed_vs_tau.png"),
         accuracy_vs_tau(data, directory / "pass_at_1_vs_tau.png", "humaneval"),
         accuracy_vs_tau(data, directory / "math_accuracy_vs_tau.png", "math"),
+        *(accuracy_vs_tau(data, directory / f"{workload}_accuracy_vs_tau.png", workload)
+          for workload in ("edit", "quote", "mixed")),
         # draft_depth today; any histogram the plugin adds later (nodes, width) gets its own figure
         *(histogram_distribution_plot(data, metric, directory / f"{metric}_distribution.png")
           for metric in _histogram_metrics(data)),

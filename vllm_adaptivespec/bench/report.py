@@ -22,14 +22,19 @@ DEFINITIONS = """\
 - **x AR**, **x best static**, **x best stock**: tok/s over the autoregressive target's, over the fastest
   static-k draft-model configuration's, and over the fastest stock vLLM speculation's in the same run,
   workload, batch and temperature; "best stock" is shown only when the run holds every stock
-  configuration (static k = 1..4, n-gram, dynamic), never for a subset.
+  configuration (static k = 1..4, n-gram, dynamic, and suffix decoding in a run that selected it: where Arctic
+  Inference is not installed it is rejected and listed under "Configurations not run"), never for a subset.
 - **accept len**: mean tokens emitted per verification step (accepted draft tokens + 1), from vLLM's spec-decode counters.
 - **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
   requests), steps that prefilled a request left out.
 - **accuracy**: HumanEval pass@1 (greedy or one sample; code run in a sandboxed subprocess), or for the math
   workload the exact-match share: the integer after the answer's last `Answer:` (else its last number) equals
-  the generated problem's computed answer. The general workload is not graded (speed only): "–".
+  the generated problem's computed answer; for edit, the share of edited programs that pass the problem's
+  HumanEval tests and make the asked change (annotations on every parameter and the return, the new name in place
+  of the old, a docstring; for a planted bug passing the tests is the fix); for quote, the share of answers that
+  contain the expected sentence of the passage verbatim; for mixed, the share of its graded items (edit, quote,
+  HumanEval) correct by their own measure. The general workload is not graded (speed only): "–".
 - **recovery**: accuracy / the autoregressive target's accuracy in the same cell (the lossless reference).
 - **same as AR**: at temperature 0, share of answers token-identical to the autoregressive target's.
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
@@ -44,7 +49,7 @@ DEFINITIONS = """\
 
 # Metrics the report shows as accuracy. Results of earlier versions graded the general workload's few word
 # problems by their last number ("word_problem_accuracy"); that measured nothing and is not shown.
-ACCURACY_METRICS = ("pass@1", "exact_match")
+ACCURACY_METRICS = ("pass@1", "exact_match", "edit_correct", "quote_exact", "mixed_correct")
 
 
 def accuracy_of(cell: dict) -> dict:
@@ -61,6 +66,14 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def stock_set(data: dict) -> set[str]:
+    """The stock configurations a best-stock figure needs: every one in `STOCK_SET`, plus any other stock
+    configuration this run selected (suffix decoding where Arctic Inference is installed; where it is not, the
+    row was rejected at selection and is listed under "Configurations not run")."""
+    selected = {name for name, config in (data.get("configs") or {}).items() if config.get("kind") in STOCK_KINDS}
+    return set(STOCK_SET) | selected
+
+
 def derive(data: dict) -> None:
     """Add each cell's ``derived`` figures (ratios to AR / best static k / best stock, accuracy recovery)
     and the run's ``paired`` comparisons."""
@@ -75,7 +88,7 @@ def derive(data: dict) -> None:
         statics = [c for c in cells if c.get("kind") == "static"]
         best = max(statics, key=lambda c: c["tokens_per_s"], default=None)
         stock = [c for c in cells if c.get("kind") in STOCK_KINDS]
-        complete = set(STOCK_SET) <= {c["config"] for c in stock}
+        complete = stock_set(data) <= {c["config"] for c in stock}
         best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None) if complete else None
         ar_accuracy = accuracy_of(ar).get("value") if ar else None
         for cell in cells:

@@ -22,7 +22,7 @@ from .configs import BenchConfig, select
 from .environment import describe
 from .results import ResultStore, cell_slug, repeats_of
 from .sandbox import Limits
-from .scoring import score_humaneval, score_math
+from .scoring import score_edits, score_humaneval, score_math, score_mixed, score_quotes
 from .settings import BenchSettings
 from .workloads import Item, load
 
@@ -30,7 +30,7 @@ from .workloads import Item, load
 # so a time budget cuts the least central ones. A pinned row runs right after its stock twin, so in
 # every round the two are measured back to back.
 RUN_ORDER = ("ar", "static-k4", "pinned-k4", "adaptive", "policy-only", "margin-k4", "static-k2", "pinned-k2",
-             "static-k6", "static-k8", "dynamic", "ngram")
+             "static-k6", "static-k8", "dynamic", "ngram", "suffix")
 POLL_S = 0.5
 
 
@@ -61,7 +61,8 @@ class Run:
         self.store = ResultStore.open(settings.output, header, fresh=fresh)
         self.items: dict[str, list[Item]] = {
             w: load(w, settings.humaneval_problems, settings.general_limit, settings.humaneval_format,
-                    settings.math_limit, settings.math_seed)
+                    settings.math_limit, settings.math_seed, settings.edit_limit, settings.quote_limit,
+                    settings.mixed_limit)
             for w in settings.workloads
         }
         self.cells = [(w, b, t) for w in settings.workloads for b in settings.batches for t in settings.temperatures]
@@ -315,6 +316,12 @@ class Run:
                                  for o, r in zip(outputs, results) if not r.passed}}
         if workload == "math":
             return score_math({o["id"]: items[o["id"]].reference["answer"] for o in outputs}, outputs)
+        if workload == "edit":
+            return score_edits({o["id"]: items[o["id"]].reference for o in outputs}, outputs, limits)
+        if workload == "quote":
+            return score_quotes({o["id"]: items[o["id"]].reference["sentence"] for o in outputs}, outputs)
+        if workload == "mixed":
+            return score_mixed({o["id"]: items[o["id"]].reference for o in outputs}, outputs, limits)
         return None  # general: free-form answers, speed only
 
 

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .math_problems import DEFAULT_SEED
 from .workloads import WORKLOADS
 
-# What a mode runs unless --workloads says otherwise. Checked math (`math`) is in the full mode; the
-# shorter modes keep the two workloads their timings were measured with and take it on request.
+# What a mode runs unless --workloads says otherwise. Checked math (`math`) and the copying workloads (`edit`,
+# `quote`, `mixed`) are in the full mode; the shorter modes keep the two workloads their timings were measured
+# with and take the others on request (every mode has their sizes and max_tokens).
 SPEED_WORKLOADS = ("humaneval", "general")
 
 # Fixed HumanEval subset of the quick mode: problems whose answers are a few lines, so short
@@ -38,7 +39,8 @@ LONG_CELLS = {
     "humaneval_problems": LEAN_HUMANEVAL,
     "general_limit": 16,
     "math_limit": 16,
-    "max_tokens": {"humaneval": 160, "general": 128, "math": 192},
+    **{"edit_limit": 16, "quote_limit": 16, "mixed_limit": 16},
+    "max_tokens": {"humaneval": 160, "general": 128, "math": 192, "edit": 384, "quote": 64, "mixed": 384},
     "budget_minutes": None,
     "repeats": 2,
 }
@@ -57,7 +59,8 @@ PRESETS: dict[str, dict] = {
         "humaneval_problems": QUICK_HUMANEVAL,
         "general_limit": 4,
         "math_limit": 4,
-        "max_tokens": {"humaneval": 64, "general": 40, "math": 128},
+        **{"edit_limit": 4, "quote_limit": 4, "mixed_limit": 8},
+        "max_tokens": {"humaneval": 64, "general": 40, "math": 128, "edit": 256, "quote": 48, "mixed": 256},
         "budget_minutes": 14.0,
     },
     # Trees against chains and stock vLLM speculation at batch 1 and 8, lossless and with the margin
@@ -72,7 +75,8 @@ PRESETS: dict[str, dict] = {
         "humaneval_problems": TREE_HUMANEVAL,
         "general_limit": 8,
         "math_limit": 8,
-        "max_tokens": {"humaneval": 128, "general": 96, "math": 160},
+        **{"edit_limit": 8, "quote_limit": 8, "mixed_limit": 8},
+        "max_tokens": {"humaneval": 128, "general": 96, "math": 160, "edit": 384, "quote": 64, "mixed": 384},
         "budget_minutes": None,
     },
     # The plugin's own cost: AdaptiveSpec pinned to static-k2's and static-k4's shape, each run right after
@@ -84,12 +88,12 @@ PRESETS: dict[str, dict] = {
         **LONG_CELLS,
     },
     # Never slower than the choice it replaces: AdaptiveSpec (step plan, lossless and tau 0.5) against the
-    # target alone and every stock configuration that runs here (static k = 1..4, n-gram, vLLM's
-    # batch-size schedule), on the same cells as "lean". About 5 minutes per configuration and round on
-    # 2 CPU cores (45 minutes a round).
+    # target alone and every stock configuration that runs here (static k = 1..4, n-gram, suffix decoding
+    # where Arctic Inference is installed, else rejected with the reason, vLLM's batch-size schedule), on
+    # the same cells as "lean". About 5 minutes per configuration and round on 2 CPU cores (45-50 minutes a round).
     "stock": {
-        "configs": ["ar", "static-k1", "static-k2", "static-k3", "static-k4", "ngram", "dynamic", "policy-only",
-                    "adaptive"],
+        "configs": ["ar", "static-k1", "static-k2", "static-k3", "static-k4", "ngram", "suffix", "dynamic",
+                    "policy-only", "adaptive"],
         "taus": [0.5],
         **LONG_CELLS,
     },
@@ -104,7 +108,8 @@ PRESETS: dict[str, dict] = {
         "humaneval_problems": None,
         "general_limit": None,
         "math_limit": None,
-        "max_tokens": {"humaneval": 384, "general": 256, "math": 320},
+        **{"edit_limit": None, "quote_limit": None, "mixed_limit": 48},
+        "max_tokens": {"humaneval": 384, "general": 256, "math": 320, "edit": 512, "quote": 96, "mixed": 512},
         "budget_minutes": None,
     },
 }
@@ -130,6 +135,10 @@ class BenchSettings(BaseModel):
     # Checked math: how many of the generated problems (the first N, kinds in turn; None = all 240) and their seed.
     math_limit: int | None = Field(None, ge=1)
     math_seed: int = DEFAULT_SEED
+    # Copying workloads: how many edits (of 164, evenly spread), quotes (of 24) and mixed items (None = 16).
+    edit_limit: int | None = Field(None, ge=1)
+    quote_limit: int | None = Field(None, ge=1)
+    mixed_limit: int | None = Field(None, ge=1)
     max_tokens: dict[str, int]
     max_model_len: int = 2048
     enforce_eager: bool = True
@@ -194,9 +203,13 @@ class BenchSettings(BaseModel):
         keys = ("target", "drafter", "workloads", "humaneval_problems", "humaneval_format", "general_limit",
                 "max_tokens", "max_model_len", "enforce_eager", "dtype")
         data = {k: getattr(self, k) for k in keys}
-        # Math enters only when it runs, so runs without it keep the fingerprint they had before it existed.
+        # Math and the copying workloads enter only when they run, so runs without them keep the fingerprint
+        # they had before these existed.
         if "math" in self.workloads:
             data.update(math_limit=self.math_limit, math_seed=self.math_seed)
-        else:
-            data["max_tokens"] = {k: v for k, v in self.max_tokens.items() if k != "math"}
+        for workload in ("edit", "quote", "mixed"):
+            if workload in self.workloads:
+                data[f"{workload}_limit"] = getattr(self, f"{workload}_limit")
+        optional = {"math", "edit", "quote", "mixed"} - set(self.workloads)
+        data["max_tokens"] = {k: v for k, v in self.max_tokens.items() if k not in optional}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -8,7 +8,9 @@ How requests are driven: the worker feeds `LLMEngine` itself (``add_request`` + 
 ``batch`` requests in flight, adding the next prompt when one finishes (closed loop). That gives:
 - output tokens/s = generated tokens of the cell / wall-clock from the first request added to the
   last one finished (prefill included);
-- every cell starts with an empty prefix cache, so no cell reuses another's prefill;
+- every cell starts with an empty prefix cache, so no cell reuses another's prefill, and, for vLLM's
+  suffix decoding, with an empty suffix cache: its global tree of earlier responses would otherwise hold
+  the warm-up's and earlier cells' answers to the same prompts (greedy answers it could copy whole);
 - per-step latency = wall-clock of one ``LLMEngine.step()`` call, i.e. one engine iteration (one
   draft + verify round for every running request), counting only steps that returned tokens and
   prefilled no request. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the runner's default) the engine
@@ -154,6 +156,23 @@ def take_step_log(engine) -> dict:
     return engine.collective_rpc(_step_log)[0]
 
 
+def _reset_suffix_cache(worker) -> bool:
+    """Runs in the worker (``collective_rpc``): vLLM's suffix proposer gets a new, empty suffix cache of the
+    same settings (no prompt trees, no cached responses). False when the runner has no suffix proposer."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    cache = getattr(drafter, "suffix_cache", None)
+    if cache is None:
+        return False
+    drafter.suffix_cache = type(cache)(max_tree_depth=cache.max_tree_depth,
+                                       max_cached_requests=cache.max_cached_requests)
+    return True
+
+
+def reset_suffix_cache(engine) -> bool:
+    """Forget every response the suffix proposer has cached (call with no request in flight)."""
+    return all(engine.collective_rpc(_reset_suffix_cache))
+
+
 def hindsight_figures(log: dict) -> dict | None:
     """The policy's throughput against the best fixed depth and a per-step oracle, all priced by the
     engine's own fitted step costs (``step_cost.hindsight``); chains only (a tree's accepted path
@@ -211,6 +230,8 @@ def main(job_path: str, events_path: str) -> int:
                 events.emit("progress", index=index, done=done, total=len(items))
 
             engine.reset_prefix_cache()  # every cell starts cold, whatever ran before it
+            if (config["speculative_config"] or {}).get("method") == "suffix" and not reset_suffix_cache(engine):
+                raise RuntimeError("the suffix configuration's engine has no suffix proposer to reset")
             if config["adaptivespec"]:
                 take_step_log(engine)  # drop the warm-up's and earlier cells' records
             before = snapshot(llm.get_metrics(), exact_counters())
