@@ -89,9 +89,19 @@ def snapshot(llm, done: int, aborted: int, started: float) -> dict:
             "drafter_next": len(state.drafter_next),
             "behind": len(state.behind),
             "idle": len(state.idle),
+            **(
+                {}
+                if state.free_drafts is None
+                else {
+                    "free_policies": len(state.free_drafts.policies),
+                    "free_offers": len(state.free_drafts.offers),
+                    "free_judging": len(state.free_drafts.judging),
+                }
+            ),
         },
         "histories": {
             "pooled_window": len(state.pooled._window),
+            "free_pooled_window": 0 if state.free_drafts is None else len(state.free_drafts.pooled._window),
             "target_cost_buckets": state.step_costs.target.points(),
             "draft_pass_buckets": state.step_costs.draft_pass.points(),
             "calibration_bins": int(state.calibration.judged.size),

@@ -93,15 +93,17 @@ class AdaptiveSpecConfig(BaseModel):
         "looking); each probe after which speculation stays off doubles the wait, up to 16x. No probes where "
         "the measured costs say even a never-wrong drafter could not pay.",
     )
-    free_drafter: Literal["off", "ngram"] = Field(
+    free_drafter: Literal["off", "ngram", "suffix"] = Field(
         "ngram",
         description="A second draft source that costs no drafter pass (chain mode): 'ngram' copies the tokens that "
         "followed the longest earlier match of the request's last tokens in its own prompt and output (vLLM's "
-        "prompt-lookup matcher). Each step the plan drafts a request from the source with the higher expected "
-        "acceptance; a step whose drafts all come from it runs no drafter pass. 'off' = the drafter model only.",
+        "prompt-lookup matcher); 'suffix' asks Arctic Inference's suffix decoding cache (the request's text and "
+        "earlier requests' responses; needs arctic-inference). Each step the plan drafts a request from the source "
+        "with the higher expected acceptance; a step whose drafts all come from it runs no drafter pass. "
+        "'off' = the drafter model only.",
     )
-    free_min_match: int = Field(2, ge=1, le=16, description="Shortest match (tokens) that yields a free draft.")
-    free_max_match: int = Field(4, ge=1, le=16, description="Longest match (tokens) looked for.")
+    free_min_match: int = Field(2, ge=1, le=16, description="Shortest match (tokens) that yields an ngram draft.")
+    free_max_match: int = Field(4, ge=1, le=16, description="Longest match (tokens) the ngram source looks for.")
     wide_below: float = Field(0.3, ge=0.0, le=1.0, description="Signal at or below which width = max_width.")
     narrow_above: float = Field(
         0.7, ge=0.0, le=1.0, description="Signal at or above which width = min_width (a chain when min_width = 1)."

@@ -60,7 +60,7 @@ def test_histories_stay_bounded(soak):
     last = soak["points"][-1]["histories"]
     for point in soak["points"][1:]:
         h = point["histories"]
-        assert h["pooled_window"] <= 64
+        assert h["pooled_window"] <= 64 and h.get("free_pooled_window", 0) <= 64
         assert h["target_cost_buckets"] <= 8 and h["draft_pass_buckets"] <= 8
         assert h["calibration_bins"] == 10 and h["step_log"] == 0
     assert last["calibration_judged"] > REQUESTS  # it kept learning: the bounds are not from idleness

