@@ -134,22 +134,43 @@ def _filled_cache(cpu: bool, blocks, kv_heads, block_size, head_size, slots, key
     return cache
 
 
-@pytest.mark.parametrize("cpu", [True, False], ids=["cpu-cache", "cuda-flash-cache-on-cpu-tensors"])
-def test_verification_plan_overwrites_tree_rows_with_masked_attention(cpu):
-    """Two tree requests and a plain one in a batch: tree rows see prefix + root path only."""
-    gen = torch.Generator().manual_seed(2)
+def _cpu_impl(heads: int, kv_heads: int, dim: int, scale: float) -> TreeCPUAttentionImpl:
+    """The CPU tree impl with what vLLM's own ``CPUAttentionBackendImpl.forward`` reads (no vLLM config)."""
+    from vllm.v1.attention.backend import AttentionType
+
+    impl = _impl(True, scale)
+    impl.num_heads, impl.num_kv_heads, impl.head_size = heads, kv_heads, dim
+    impl.attn_type, impl.use_zentorch_sdpa = AttentionType.DECODER, False
+    return impl
+
+
+# A batch of two tree requests around a plain one (its 2 rows: a chain draft). Request 0's chain rows are
+# the root and nodes 0-2 (node 3 hangs off the root, so the chain stops there); request 2's are the root
+# and node 0.
+PARENTS = [[-1, 0, 1, -1, 3, 0], [-1], [-1, -1, 0]]
+TREE_ROWS = [0, 2]
+
+
+def _verification_batch(cpu: bool, seed: int = 2):
+    """Cache, query and metadata of one target forward over ``PARENTS``, and its verification plan."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
+    from vllm_adaptivespec.engine.tree_attention import chain_rows
+
+    gen = torch.Generator().manual_seed(seed)
     heads, kv_heads, dim, block_size, blocks = 4, 2, 32, 32, 12
-    parents = [[-1, -1, 0, 1, 2], [], [-1, 0, -1]]
-    trees = DraftTrees.from_parents([[1] * len(p) for p in parents], parents)
+    trees = DraftTrees.from_parents([[1] * len(p) for p in PARENTS], PARENTS)
     context = torch.tensor([40, 7, 70])
-    query_len = [1 + len(p) for p in parents]
+    query_len = [1 + len(p) for p in PARENTS]
     start = [0, query_len[0], query_len[0] + query_len[1]]
     num_tokens = sum(query_len)
-    block_table = torch.tensor([[3, 5, 0], [1, 0, 0], [7, 2, 9]])
+    block_table = torch.tensor([[3, 5, 0], [1, 0, 0], [7, 2, 9]], dtype=torch.int32)
     seq_len = context + torch.tensor(query_len)
-    # Slots of every token (prefix and this step's rows), as vLLM's slot mapping would give them.
-    def slot(r, pos):
+
+    def slot(r, pos):  # vLLM's slot mapping: this step's rows by row, after the prefix
         return int(block_table[r, pos // block_size]) * block_size + pos % block_size
+
     all_keys = {r: torch.randn(int(seq_len[r]), kv_heads, dim, generator=gen) for r in range(3)}
     all_values = {r: torch.randn(int(seq_len[r]), kv_heads, dim, generator=gen) for r in range(3)}
     slots = torch.tensor([slot(r, p) for r in range(3) for p in range(int(seq_len[r]))])
@@ -158,26 +179,102 @@ def test_verification_plan_overwrites_tree_rows_with_masked_attention(cpu):
     query = torch.randn(num_tokens, heads, dim, generator=gen)
     key = torch.cat([all_keys[r][int(context[r]) :] for r in range(3)])
     value = torch.cat([all_values[r][int(context[r]) :] for r in range(3)])
-    output = torch.full((num_tokens, heads, dim), 7.0)
-    tree_rows = [0, 2]
-    plan = VerificationPlan(
-        batch_rows=tree_rows, query_start=[start[r] for r in tree_rows], query_len=[query_len[r] for r in tree_rows],
-        context_len=context[tree_rows], mask=query_tree_mask(trees)[tree_rows], num_tokens=num_tokens, device="cpu",
+    query_start_loc = torch.tensor([0, *[start[1], start[2]], num_tokens], dtype=torch.int32)
+    seq_lens = seq_len.to(torch.int32)
+    metadata = CPUAttentionMetadata(
+        num_actual_tokens=num_tokens, max_query_len=max(query_len), query_start_loc=query_start_loc,
+        max_seq_len=int(seq_lens.max()), seq_lens=seq_lens, block_table=block_table, slot_mapping=slots,
+        scheduler_metadata=ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=3, num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, seq_lens=seq_lens,
+            dtype=torch.float32, query_start_loc=query_start_loc, causal=True, sliding_window_size=-1,
+            isa="vec", enable_kv_split=False,
+        ),
     )  # fmt: skip
-    metadata = type("Metadata", (), {"num_actual_tokens": num_tokens, "block_table": block_table})()
-    plan.attend(_impl(cpu, 0.2), _Layer(), query, key, value, cache, metadata, output)
-    assert plan.used
-    assert torch.equal(output[start[1]], torch.full((heads, dim), 7.0))  # the plain request is untouched
-    for r in tree_rows:
+    plan = VerificationPlan(
+        batch_rows=TREE_ROWS, query_start=[start[r] for r in TREE_ROWS], query_len=[query_len[r] for r in TREE_ROWS],
+        chain_len=[chain_rows(PARENTS[r]) for r in TREE_ROWS], context_len=context[TREE_ROWS],
+        mask=query_tree_mask(trees)[TREE_ROWS], num_tokens=num_tokens, device="cpu",
+    )  # fmt: skip
+    setattr(metadata, "adaptivespec_verification_plan", plan)
+    expected = torch.empty(num_tokens, heads, dim, dtype=torch.float64)
+    for r in range(3):
         ctx = int(context[r])
         for i in range(query_len[r]):
             visible = torch.zeros(int(seq_len[r]), dtype=torch.bool)
-            visible[:ctx + 1] = True  # prefix and root
-            if i > 0:
-                for j in ancestors(parents[r], i - 1):
-                    visible[ctx + 1 + j] = True
-            expected = brute_attention(query[start[r] + i], all_keys[r], all_values[r], visible, 0.2)
-            torch.testing.assert_close(output[start[r] + i].double(), expected, atol=1e-5, rtol=1e-5)
+            if r in TREE_ROWS:
+                visible[: ctx + 1] = True  # prefix and root
+                if i > 0:
+                    for j in ancestors(PARENTS[r], i - 1):
+                        visible[ctx + 1 + j] = True
+            else:
+                visible[: ctx + i + 1] = True  # causal
+            expected[start[r] + i] = brute_attention(query[start[r] + i], all_keys[r], all_values[r], visible, 0.2)
+    branch = [start[r] + i for r in TREE_ROWS for i in range(chain_rows(PARENTS[r]), query_len[r])]
+    return dict(query=query, key=key, value=value, cache=cache, metadata=metadata, plan=plan, expected=expected,
+                branch=branch, heads=heads, kv_heads=kv_heads, dim=dim, num_tokens=num_tokens)  # fmt: skip
+
+
+def test_target_tree_rows_are_computed_once_per_layer(monkeypatch):
+    """vLLM's CPU kernel gets only the stock rows (plain rows and each tree's chain rows), the masked path
+    only the branch rows, and together they give the brute-force result for every row."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    from vllm_adaptivespec.engine import tree_attention
+
+    batch = _verification_batch(cpu=True)
+    stock_rows, masked_rows = [], []
+    stock_forward, masked = CPUAttentionBackendImpl.forward, tree_attention.masked_attention
+
+    def recording_stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args):
+        stock_rows.append((query.shape[0], attn_metadata.num_actual_tokens, int(attn_metadata.query_start_loc[-1])))
+        return stock_forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args)
+
+    def recording_masked(query, *args):
+        masked_rows.append(query.shape[0] * query.shape[1])
+        return masked(query, *args)
+
+    monkeypatch.setattr(CPUAttentionBackendImpl, "forward", recording_stock)
+    monkeypatch.setattr(tree_attention, "masked_attention", recording_masked)
+    impl = _cpu_impl(batch["heads"], batch["kv_heads"], batch["dim"], 0.2)
+    output = torch.full((batch["num_tokens"], batch["heads"], batch["dim"]), 7.0)
+    impl.forward(_Layer(), batch["query"], batch["key"], batch["value"], batch["cache"], batch["metadata"], output)
+    branch = len(batch["branch"])  # 3 + 2 rows
+    assert branch == 5 and batch["plan"].used
+    assert stock_rows == [(batch["num_tokens"] - branch,) * 3]
+    # One masked call over the branch rows: 2 tree requests x at most 3 branch rows, not their whole blocks.
+    assert masked_rows == [2 * 3]
+    torch.testing.assert_close(output.double(), batch["expected"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu-cache", "cuda-flash-cache-on-cpu-tensors"])
+def test_verification_plan_writes_branch_rows_only(cpu):
+    """The masked path (either cache layout) writes exactly the branch rows, with brute-force values; the
+    stock rows' metadata cuts each tree request's query to its chain rows."""
+    batch = _verification_batch(cpu)
+    plan, metadata = batch["plan"], batch["metadata"]
+    output = torch.full((batch["num_tokens"], batch["heads"], batch["dim"]), 7.0)
+    impl = _impl(cpu, 0.2)
+    plan.attend(impl, _Layer(), batch["query"], batch["cache"], metadata, output)
+    untouched = torch.full((batch["heads"], batch["dim"]), 7.0)
+    written = [row for row in range(batch["num_tokens"]) if not torch.equal(output[row], untouched)]
+    assert written == batch["branch"]
+    for row in written:
+        torch.testing.assert_close(output[row].double(), batch["expected"][row], atol=1e-5, rtol=1e-5)
+    assert sorted(plan.stock_rows.tolist() + batch["branch"]) == list(range(batch["num_tokens"]))
+
+    made = {}
+
+    class Backend:
+        num_heads, num_kv_heads, head_size = batch["heads"], batch["kv_heads"], batch["dim"]
+
+        def stock_rows_metadata(self, layer, metadata, query_start_loc, seq_lens, num_tokens, dtype):
+            made.update(query_start_loc=query_start_loc.tolist(), seq_lens=seq_lens.tolist(), num_tokens=num_tokens)
+            return "stock"
+
+    assert plan.stock_metadata(Backend(), _Layer(), metadata, torch.float32) == "stock"
+    assert plan.stock_metadata(Backend(), _Layer(), metadata, torch.float32) == "stock"  # once per forward
+    # Request 0: root + 3 chain nodes of 7 rows; request 1: its 2 rows; request 2: root + 1 of 4 rows.
+    assert made == {"query_start_loc": [0, 4, 6, 8], "seq_lens": [44, 9, 72], "num_tokens": 8}
 
 
 @pytest.mark.parametrize("cpu", [True, False], ids=["cpu-cache", "cuda-flash-cache-on-cpu-tensors"])
@@ -193,7 +290,7 @@ def test_draft_tree_attention_sees_prefix_and_root_path_over_passes(cpu):
                           for b in range(2) for p in range(int(prefix_len[b]))])  # fmt: skip
     cache = _filled_cache(cpu, blocks, kv_heads, block_size, dim, slots,
                           torch.cat([prefix_keys[0], prefix_keys[1]]), torch.cat([prefix_values[0], prefix_values[1]]))  # fmt: skip
-    plan = DraftTreeAttention(block_table, prefix_len, max_tree_tokens=6)
+    plan = DraftTreeAttention(block_table, prefix_len, [4, 4], max_tree_tokens=6)
     # (request, parent slot) per row and pass; slots are handed out per request in row order.
     passes = [([0, 0, 1], [-1, -1, -1]), ([0, 0, 1, 1], [0, 1, 0, 0]), ([0, 1], [3, 2])]
     parent_of: dict[tuple[int, int], int] = {}
@@ -217,3 +314,83 @@ def test_draft_tree_attention_sees_prefix_and_root_path_over_passes(cpu):
             values = torch.cat([prefix_values[b]] + [tree_keys[b, p][1][None] for p in reversed(path)])
             expected = brute_attention(query[i], keys, values, torch.ones(keys.shape[0], dtype=torch.bool), 0.5)
             torch.testing.assert_close(output[i].double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_draft_tree_attention_works_on_the_growing_requests_only(monkeypatch):
+    """Batch rows 0 (2 levels), 1 (1 level: done after the first pass) and 2 (4 levels): the prefix is read
+    for rows 0 and 2 only, once per layer, and each pass attends for the requests that have rows in it."""
+    from vllm_adaptivespec.engine import tree_attention
+
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, block_size, blocks = 2, 1, 32, 32, 6
+    prefix_len = torch.tensor([10, 5, 33])
+    block_table = torch.tensor([[4, 0], [3, 0], [1, 2]])
+    keys = {b: torch.randn(int(prefix_len[b]), kv_heads, dim, generator=gen) for b in range(3)}
+    values = {b: torch.randn(int(prefix_len[b]), kv_heads, dim, generator=gen) for b in range(3)}
+    slots = torch.tensor([int(block_table[b, p // block_size]) * block_size + p % block_size
+                          for b in range(3) for p in range(int(prefix_len[b]))])  # fmt: skip
+    cache = _filled_cache(True, blocks, kv_heads, block_size, dim, slots,
+                          torch.cat([keys[b] for b in range(3)]), torch.cat([values[b] for b in range(3)]))  # fmt: skip
+    gathered, attended = [], []
+    gather, masked = tree_attention.gather_prefix, tree_attention.masked_attention
+    monkeypatch.setattr(tree_attention, "gather_prefix",
+                        lambda c, table, n: gathered.append(n.tolist()) or gather(c, table, n))  # fmt: skip
+    monkeypatch.setattr(tree_attention, "masked_attention",
+                        lambda q, *a: attended.append(q.shape[0]) or masked(q, *a))  # fmt: skip
+    plan = DraftTreeAttention(block_table, prefix_len, [2, 1, 4], max_tree_tokens=6)
+    assert plan.growing.tolist() == [2, 0]  # deepest first
+    # Level 2 for rows 0 and 2, then levels 3 and 4 for row 2 alone (parents: slots of the earlier levels).
+    parent_of: dict[tuple[int, int], int] = {}
+    tree_keys: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    for requests, parents in [([0, 0, 2, 2], [-1, -1, -1, -1]), ([2, 2], [0, 1]), ([2], [2])]:
+        slot = plan.begin_pass(torch.tensor(requests), torch.tensor(parents))
+        n = len(requests)
+        query, key, value = (torch.randn(n, h, dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+        for layer in range(2):
+            output = torch.zeros(n, heads, dim)
+            plan.attend(_impl(True, 0.5), type("L", (_Layer,), {"layer_name": f"layer.{layer}"})(),
+                        query, key, value, cache, output)  # fmt: skip
+        for i in range(n):
+            b, s = requests[i], int(slot[i])
+            parent_of[b, s], tree_keys[b, s] = parents[i], (key[i], value[i])
+            path, node = [], s
+            while node >= 0:
+                path.append(node)
+                node = parent_of[b, node]
+            seen_keys = torch.cat([keys[b]] + [tree_keys[b, p][0][None] for p in reversed(path)])
+            seen_values = torch.cat([values[b]] + [tree_keys[b, p][1][None] for p in reversed(path)])
+            everything = torch.ones(len(seen_keys), dtype=torch.bool)
+            expected = brute_attention(query[i], seen_keys, seen_values, everything, 0.5)
+            torch.testing.assert_close(output[i].double(), expected, atol=1e-5, rtol=1e-5)
+    assert slot.tolist() == [4]  # row 2's slots: 0, 1 (level 2), 2, 3 (level 3), 4
+    assert gathered == [[33, 10], [33, 10]]  # once per layer, growing requests only
+    assert attended == [2, 2, 1, 1, 1, 1]  # per pass and layer: the requests in that pass
+
+
+def test_a_step_of_chains_builds_no_tree_objects(monkeypatch):
+    """Tree mode, but every scheduled draft is a chain: no TreeStep, no DraftTrees (the causal kernel and
+    the chain verifiers are exact); one real tree in the batch gets a step with that row as its tree row."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from vllm_adaptivespec.engine import tree_step
+    from vllm_adaptivespec.engine.state import DraftRecord
+
+    def runner_and_state(records):
+        batch = SimpleNamespace(num_reqs=3, req_id_to_index={"a": 0, "b": 1, "c": 2},
+                                num_computed_tokens_cpu=np.array([10, 20, 30]))  # fmt: skip
+        starts = SimpleNamespace(np=np.array([0, 4, 5, 8]))
+        runner = SimpleNamespace(input_batch=batch, query_start_loc=starts)
+        state = SimpleNamespace(drafts=dict(records))
+        state.scheduled_parents = lambda rid, drafts: state.drafts.pop(rid).parents
+        scheduled = {rid: record.tokens for rid, record in records.items()}
+        return runner, state, SimpleNamespace(scheduled_spec_decode_tokens=scheduled, total_num_scheduled_tokens=8)
+
+    chains = {"a": DraftRecord([5, 6, 7], [-1, 0, 1]), "c": DraftRecord([8, 9], [-1, 0])}
+    built = []
+    from_parents = DraftTrees.from_parents
+    monkeypatch.setattr(tree_step.DraftTrees, "from_parents", lambda *a: built.append(a) or from_parents(*a))
+    assert tree_step.TreeStep.of(*runner_and_state(chains)) is None
+    assert built == []
+    step = tree_step.TreeStep.of(*runner_and_state({**chains, "c": DraftRecord([8, 9], [-1, -1])}))
+    assert step.tree_rows == [2] and step.chain_len == [4, 1, 2] and len(built) == 1

@@ -74,7 +74,7 @@ class CpuPagedKV:
 
     def read_blocks(self, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of whole blocks: ``block_ids`` [...] -> two [..., kv_heads, block_size, head_size]."""
-        records = self._records()[block_ids.reshape(-1)]  # [n, H, record]
+        records = self._records().index_select(0, block_ids.reshape(-1))  # [n, H, record]
         shape = (*block_ids.shape, self.num_kv_heads, self.block_size, self.head_size)
         keys = records.index_select(-1, self._key_at).view(shape)
         values = records.index_select(-1, self._value_at).view(shape)

@@ -312,8 +312,9 @@ class AdaptiveProposerMixin:
         if builder.done:
             return builder.finish()
 
-        tree_attention = DraftTreeAttention(
-            attn.block_table_tensor[:batch], root_position + 1, max_tree_tokens=(builder.max_depth - 1) * width
+        tree_attention = DraftTreeAttention(  # the requests whose trees go deeper than level 1 only
+            attn.block_table_tensor[:batch], root_position + 1, [shape.depth for shape in shapes],
+            max_tree_tokens=(builder.max_depth - 1) * width,
         )
         node_slot = torch.full((batch, tree_capacity(builder.max_depth, width)), -1, dtype=torch.long, device=device)
         slot_hidden = None

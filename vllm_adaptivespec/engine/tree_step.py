@@ -4,7 +4,9 @@ KV compaction and row order after verification.
 vLLM schedules a request's flattened tree as if it were a chain: query rows [root, node 0, ...],
 KV slots by row. Before the target forward (``begin``) the rows of real trees get positions
 ``context + depth`` and an ancestor-mask attention plan (``plan``, which the runner puts on the
-forward's attention metadata). After the sampler has picked each request's accepted path c_1..c_a
+forward's attention metadata: the stock kernel for each tree's chain rows, the masked path for its
+other rows). A step whose drafts are all chains gets no ``TreeStep`` at all (``TreeStep.of``): it is
+verified as chain mode verifies it. After the sampler has picked each request's accepted path c_1..c_a
 (``finish``), everything downstream expects a chain again:
 
 * KV: node c_d's keys/values move from its row's slot to the slot of position context + d (copies
@@ -21,6 +23,7 @@ import torch
 
 from vllm_adaptivespec.engine.tree_attention import (
     VerificationPlan,
+    chain_rows,
     paged_kv,
     query_positions,
     query_tree_mask,
@@ -29,9 +32,32 @@ from vllm_adaptivespec.tree import DraftTrees
 
 
 class TreeStep:
-    """The drafts of one target step, as trees over the batch rows (rows without drafts: empty)."""
+    """The drafts of one target step that holds at least one real tree, as trees over the batch rows
+    (rows without drafts: empty; chains: width-1 trees). ``tree_rows``: the batch rows whose drafts
+    are not a chain."""
 
-    def __init__(self, runner, state, scheduler_output):
+    def __init__(
+        self,
+        runner,
+        tokens: list[list[int]],  # [B][nodes]: each batch row's scheduled drafts
+        parents: list[list[int]],  # [B][nodes]: their parents (-1: the root)
+        tree_rows: list[int],  # the rows whose parents are not a chain (at least one)
+        num_tokens: int,  # query rows of the step's target forward
+    ):
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        self.trees = DraftTrees.from_parents(tokens, parents)
+        self.num_nodes = [len(t) for t in tokens]
+        self.chain_len = [chain_rows(p) for p in parents]  # [B] root + leading chain nodes
+        self.query_start = runner.query_start_loc.np[:num_reqs].astype("int64").tolist()
+        self.context_len = torch.from_numpy(batch.num_computed_tokens_cpu[:num_reqs].astype("int64"))
+        self.tree_rows = tree_rows
+        self.num_tokens = num_tokens
+
+    @classmethod
+    def of(cls, runner, state, scheduler_output) -> TreeStep | None:
+        """The step's trees, or None when every scheduled draft is a chain (no tree objects then: the
+        causal kernel and the chain verifiers are exact)."""
         batch = runner.input_batch
         num_reqs = batch.num_reqs
         tokens: list[list[int]] = [[] for _ in range(num_reqs)]
@@ -40,19 +66,14 @@ class TreeStep:
             row = batch.req_id_to_index[req_id]
             tokens[row] = list(drafts)
             parents[row] = state.scheduled_parents(req_id, list(drafts))
-        self.trees = DraftTrees.from_parents(tokens, parents)
-        self.num_nodes = [len(t) for t in tokens]
-        self.query_start = runner.query_start_loc.np[:num_reqs].astype("int64").tolist()
-        self.context_len = torch.from_numpy(batch.num_computed_tokens_cpu[:num_reqs].astype("int64"))
-        self.tree_rows = [row for row, p in enumerate(parents) if p != list(range(-1, len(p) - 1))]
-        self.num_tokens = int(scheduler_output.total_num_scheduled_tokens)
+        tree_rows = [row for row, p in enumerate(parents) if chain_rows(p) <= len(p)]
+        if not tree_rows:
+            return None
+        return cls(runner, tokens, parents, tree_rows, int(scheduler_output.total_num_scheduled_tokens))
 
     def begin(self, runner) -> None:
         """Depth positions and the attention plan for the rows that hold real trees (``plan``: the
         runner hands it to the target forward's attention metadata)."""
-        self.plan = None
-        if not self.tree_rows:
-            return
         rows = torch.tensor(self.tree_rows)
         positions = query_positions(self.trees, self.context_len)
         for row in self.tree_rows:
@@ -62,6 +83,7 @@ class TreeStep:
             batch_rows=rows,
             query_start=[self.query_start[r] for r in self.tree_rows],
             query_len=[1 + self.num_nodes[r] for r in self.tree_rows],
+            chain_len=[self.chain_len[r] for r in self.tree_rows],
             context_len=self.context_len[rows],
             mask=query_tree_mask(self.trees)[rows],
             num_tokens=self.num_tokens,
@@ -70,8 +92,6 @@ class TreeStep:
 
     def finish(self, runner, accepted_nodes: torch.Tensor | None, step_outputs) -> None:
         """After verification: chain order for the accepted paths (KV, ids, positions, hidden states)."""
-        if not self.tree_rows:
-            return
         if not self.plan.used:
             raise RuntimeError(
                 "AdaptiveSpec: the attention backend ignored the draft-tree mask; tree verification "

@@ -52,7 +52,7 @@ TREE_ATTENTION_BACKENDS = tuple(
     BackendOverride(
         backend,
         f"vllm_adaptivespec.engine.{path}",
-        "ancestor-mask attention for draft-tree rows (stock kernel for every other row)",
+        "ancestor-mask attention for draft-tree branch rows (stock kernel, once, for every other row)",
     )
     for backend, path in (
         (AttentionBackendEnum.CPU_ATTN, "tree_attention.TreeCPUAttentionBackend"),
@@ -89,8 +89,9 @@ class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
             state.tree_step = None
             if state.config.mode == "tree" and scheduler_output.scheduled_spec_decode_tokens:
                 started = time.perf_counter()
-                state.tree_step = TreeStep(self, state, scheduler_output)
-                state.tree_step.begin(self)
+                state.tree_step = TreeStep.of(self, state, scheduler_output)  # None: only chains
+                if state.tree_step is not None:
+                    state.tree_step.begin(self)
                 state.charge(started)
         return result
 
@@ -99,7 +100,7 @@ class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
         attn_metadata, spec_decode_common = GPUModelRunnerPatch.stock._build_attention_metadata(self, *args, **kwargs)
         state = _state(self)
         step = state.tree_step if state is not None else None
-        if step is not None and step.plan is not None:
+        if step is not None:
             attach_verification_plan(attn_metadata, step.plan)
         return attn_metadata, spec_decode_common
 
