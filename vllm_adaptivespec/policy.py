@@ -37,7 +37,9 @@ Lossy budget: ``promotion_allowance()`` is how many margin promotions the next s
 min(max_promotions_per_step, max_promotions_per_window - promotions in the previous
 history_window - 1 steps), so no run of ``history_window`` consecutive steps ever holds more
 than ``max_promotions_per_window`` promotions; it is 0 when the step's tau (the request's, else
-the configured one) is 1, or while the acceptance rate is below ``promotion_min_acceptance``.
+the configured one) is 1, or while the acceptance rate is below ``promotion_min_acceptance``. A step
+whose draft came from another source (a free copy) enters the window with its promotions only
+(``observe_promotions``), so the budget holds for the request whatever drafted it.
 
 Everything is O(1) per step and a policy is a few Python numbers plus a bounded deque.
 """
@@ -175,6 +177,21 @@ class SequencePolicy:
         if drafted == 0:
             return
         trials = accepted + (1 if accepted < drafted else 0)
+        self._push(accepted, trials, promoted)
+        totals = self.totals
+        totals[0] += 1
+        totals[1] += drafted
+        totals[2] += accepted
+        totals[3] += promoted
+
+    def observe_promotions(self, promoted: int) -> None:
+        """Record a verified step drafted by another source: its ``promoted`` margin promotions count toward
+        the lossy budget; its acceptance is that source's, not this history's."""
+        if promoted < 0:
+            raise ValueError(f"observe_promotions needs promoted >= 0 (got {promoted=})")
+        self._push(0, 0, promoted)
+
+    def _push(self, accepted: int, trials: int, promoted: int) -> None:
         if len(self._window) == self._window.maxlen:
             old_accepted, old_trials, old_promoted = self._window[0]
             self._sum_accepted -= old_accepted
@@ -184,11 +201,6 @@ class SequencePolicy:
         self._sum_accepted += accepted
         self._sum_trials += trials
         self._sum_promoted += promoted
-        totals = self.totals
-        totals[0] += 1
-        totals[1] += drafted
-        totals[2] += accepted
-        totals[3] += promoted
 
     def promotion_allowance(self, tau: float | None = None) -> int:
         """Margin promotions the next step may use (see the lossy budget in the module docstring);

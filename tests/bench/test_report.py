@@ -243,3 +243,14 @@ def test_hindsight_table_lists_the_cells_that_have_one(data):
     text = markdown(data)
     assert "## Policy vs hindsight" in text
     assert "| humaneval | 1 | 0 | `policy-only` | 9.0 | 9.5 (k=2) | 10.0 | 10.0% |" in text
+
+
+def test_free_share_is_shown_once_the_plugin_counts_free_drafts(data):
+    derive(data)
+    assert "| free |" not in markdown(data)  # results of runs before free drafts existed
+    for cell in data["cells"]:
+        if cell.get("kind") == "adaptivespec":
+            cell["spec"]["num_draft_tokens"] = 40
+            cell["adaptivespec"]["free_draft_tokens"] = {"type": "counter", "value": 10}
+    text = markdown(data)
+    assert text.count("| free |") == 2 and "| 7 | 25% |" in text

@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.state import PROBE_BACKOFF, AdaptiveState
@@ -131,3 +132,15 @@ def test_without_free_drafts_a_row_is_judged_as_the_drafters():
     with state.verifying([1]) as verification:
         verification.num_accepted, verification.num_promoted = [1], [0]
     assert state.policies["r0"].judged == 1
+
+
+def test_the_suffix_source_drafts_from_the_request_and_from_earlier_responses():
+    pytest.importorskip("arctic_inference.suffix_decoding", reason="arctic-inference is optional (scripts/setup.sh)")
+    state = _free_state(batch=2, draft=0.05, free_drafter="suffix")
+    _offer(state)
+    tokens, match = state.free_drafts.offers["r0"]
+    assert tokens[:2] == [4, 5] and match >= 4  # what followed "... 1 2 3" in the request's own text
+    source = state.free_drafts.source
+    assert source.cache.active_requests == {"r0", "r1"}
+    state.free(["r0"])  # finished: no longer active, its response stays cached for later requests
+    assert source.cache.active_requests == {"r1"} and "r0" in source.cache.cached_requests

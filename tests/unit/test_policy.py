@@ -123,20 +123,27 @@ def test_default_tree_policy_varies_the_node_count():
 
 
 @FAST
-@given(configs(), st.lists(st.tuples(st.integers(1, 8), st.floats(0, 1), st.booleans()), min_size=1, max_size=60))
+@given(
+    configs(),
+    st.lists(st.tuples(st.integers(1, 8), st.floats(0, 1), st.booleans(), st.booleans()), min_size=1, max_size=60),
+)
 def test_lossy_budget_is_never_exceeded(config, steps):
-    """Whatever a step does with its allowance, no step and no window of history_window steps
-    holds more promotions than configured."""
+    """Whatever a step does with its allowance, and whichever source drafted it (the drafter, or a free
+    copy recorded with ``observe_promotions``), no step and no window of history_window steps holds more
+    promotions than configured."""
     policy = SequencePolicy(config)
     promoted_per_step = []
-    for drafted, accept_fraction, use_all in steps:
+    for drafted, accept_fraction, use_all, free in steps:
         allowance = policy.promotion_allowance()
         assert 0 <= allowance <= config.max_promotions_per_step
         if config.lossless:
             assert allowance == 0
         accepted = round(accept_fraction * drafted)
         promoted = min(allowance, accepted) if use_all else min(allowance, accepted) // 2
-        policy.observe(drafted, accepted, promoted)
+        if free:
+            policy.observe_promotions(promoted)
+        else:
+            policy.observe(drafted, accepted, promoted)
         promoted_per_step.append(promoted)
     window = config.history_window
     for start in range(len(promoted_per_step)):

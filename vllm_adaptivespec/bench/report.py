@@ -193,11 +193,14 @@ HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept le
 
 def columns(data: dict) -> list[str]:
     """`HEADER`, plus the spreads when some cell has several measured repeats and the overhead share when
-    some cell recorded one (None included: the plugin ran but exported no overhead counter)."""
+    some cell recorded one (None included: the plugin ran but exported no overhead counter); the free share
+    only when some cell's plugin counted free draft tokens."""
     header = list(HEADER)
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
     if not any((c.get("derived") or {}).get("best_stock") for c in cells):
         header.remove("x best stock")  # the run lacks part of the stock set: no "best stock" to speak of
+    if not any("free_draft_tokens" in (c.get("adaptivespec") or {}) for c in cells):
+        header.remove("free")
     if any((c.get("n_repeats") or 1) > 1 for c in cells):
         header.insert(header.index("tok/s") + 1, "tok/s spread")
         header.insert(header.index("step p50 ms") + 1, "p50 spread")

@@ -411,6 +411,7 @@ class AdaptiveState:
                         continue
                     confidence = self.confidence.pop(rid, None)
                     if self.free_drafts is not None and self.free_drafts.judged(rid, depth, accepted, promoted):
+                        self.policies[rid].observe_promotions(promoted)  # the lossy budget is the request's
                         continue  # a free draft: its source's estimates, not the drafter's
                     self.policies[rid].observe(depth, accepted, promoted)
                     self.pooled.observe(depth, accepted)
