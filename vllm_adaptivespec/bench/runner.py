@@ -22,7 +22,7 @@ from .configs import BenchConfig, select
 from .environment import describe
 from .results import ResultStore, cell_slug, repeats_of
 from .sandbox import Limits
-from .scoring import score_edits, score_humaneval, score_math, score_mixed, score_quotes
+from .scoring import pass_share, score_edits, score_humaneval, score_math, score_mixed, score_quotes
 from .settings import BenchSettings
 from .workloads import Item, load
 
@@ -306,14 +306,7 @@ class Run:
         items = {item.id: item for item in self.items.get(workload, [])}
         if workload == "humaneval":
             problems = [items[o["id"]].reference for o in outputs]
-            results = score_humaneval(problems, [o["text"] for o in outputs], limits)
-            for output, result in zip(outputs, results):
-                output["passed"] = result.passed
-            correct = sum(r.passed for r in results)
-            return {"metric": "pass@1", "value": correct / len(results) if results else None,
-                    "correct": correct, "n": len(results),
-                    "failures": {o["id"]: r.status + (f": {r.detail}" if r.detail else "")
-                                 for o, r in zip(outputs, results) if not r.passed}}
+            return pass_share("pass@1", outputs, score_humaneval(problems, [o["text"] for o in outputs], limits))
         if workload == "math":
             return score_math({o["id"]: items[o["id"]].reference["answer"] for o in outputs}, outputs)
         if workload == "edit":

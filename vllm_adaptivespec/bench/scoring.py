@@ -78,15 +78,21 @@ def _share(metric: str, outputs: list[dict], failures: dict) -> dict:
             "correct": correct, "n": len(outputs), "failures": failures}
 
 
-def score_edits(references: dict[str, dict], outputs: list[dict], limits: Limits = Limits()) -> dict:
-    """The edit workload: share of answers that pass (`score_edit`); each output gets ``passed``."""
-    results = score_edit([references[o["id"]] for o in outputs], [o["text"] for o in outputs], limits)
+def pass_share(metric: str, outputs: list[dict], results: list) -> dict:
+    """Share of outputs whose sandboxed run passed (``results`` in the same order); each output gets
+    ``passed``, each failure its status and detail."""
     failures = {}
     for output, result in zip(outputs, results):
         output["passed"] = result.passed
         if not result.passed:
             failures[output["id"]] = result.status + (f": {result.detail}" if result.detail else "")
-    return _share("edit_correct", outputs, failures)
+    return _share(metric, outputs, failures)
+
+
+def score_edits(references: dict[str, dict], outputs: list[dict], limits: Limits = Limits()) -> dict:
+    """The edit workload: share of answers that pass (`score_edit`); each output gets ``passed``."""
+    results = score_edit([references[o["id"]] for o in outputs], [o["text"] for o in outputs], limits)
+    return pass_share("edit_correct", outputs, results)
 
 
 def score_quotes(sentences: dict[str, str], outputs: list[dict]) -> dict:
@@ -109,12 +115,7 @@ def score_mixed(references: dict[str, dict], outputs: list[dict], limits: Limits
     if by_part.get("humaneval"):
         chosen = by_part["humaneval"]
         results = score_humaneval([references[o["id"]] for o in chosen], [o["text"] for o in chosen], limits)
-        failures = {}
-        for output, result in zip(chosen, results):
-            output["passed"] = result.passed
-            if not result.passed:
-                failures[output["id"]] = result.status + (f": {result.detail}" if result.detail else "")
-        parts["humaneval"] = _share("pass@1", chosen, failures)
+        parts["humaneval"] = pass_share("pass@1", chosen, results)
     if by_part.get("edit"):
         parts["edit"] = score_edits(references, by_part["edit"], limits)
     if by_part.get("quote"):
