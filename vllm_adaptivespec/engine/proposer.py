@@ -13,6 +13,10 @@ shape (depth, width, nodes).
   top-``width`` children, all frontier nodes of the batch in one forward under an ancestor mask
   (``tree_attention``). The engine-free ``TreeBuilder`` picks the frontier and the kept nodes.
 
+Free drafts (chain mode, ``engine.free_draft``): before the plan, every request is offered a copy from
+its own text; rows the plan drafts from it get depth 0 in the drafter's loop and their copy in its place,
+and a step whose drafts are all copies skips the drafter like a step off.
+
 Tree passes write nothing to the drafter's paged cache (their keys/values live beside it for the
 duration of the call): the next first pass recomputes the accepted tokens' drafter KV anyway.
 Drafts are the top-k candidates (deterministic), so the sampler treats them as one-hot proposals,

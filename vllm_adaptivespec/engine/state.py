@@ -139,7 +139,9 @@ class AdaptiveState:
         """Each batch row's tree shape this step, from its first-pass confidence ``confidence`` [B].
 
         Chains (unless pinned, see ``planned``): the batch step plan (``step_cost.plan_depths``) on the
-        measured step costs, depth 0 allowed; a request due a probe drafts at least ``min_depth``.
+        measured step costs, depth 0 allowed, each request's free draft (``offer_free_drafts``) a second
+        source; a request drafting from it gets depth 0 here (no drafter pass for it) and its copy later
+        (``with_free_drafts``); a request due a probe drafts at least ``min_depth`` from the drafter.
         Trees, and chains until the cost model is measured: each request's policy, at most
         ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the measured
         verification cost says pay off (``VerifyCost.node_cap``), but never below ``min_nodes`` (so a
