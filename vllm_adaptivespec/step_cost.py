@@ -7,7 +7,10 @@ Cost model (``StepCosts``), all three terms measured by the engine every step:
                  recent times, fitted non-decreasing across buckets (``BucketedTime``), linear in
                  between, flat below the smallest bucket, proportional to q above the largest
                  (compute bound there); needs two buckets
-    t_pass(r)    one drafter pass over r rows, bucketed the same way (one bucket suffices: flat)
+    t_pass(r)    one drafter pass over r rows, bucketed the same way, but proportional below the smallest
+                 measured bucket: the first pass a drafter is timed on is often one over prompts (hundreds
+                 of rows), and reading a B-row pass as that dear would keep it off without ever timing
+                 it; the optimistic reading lets the plan try it once, and the try measures it
     t_fixed      the rest of a step (scheduling, sampling, output processing): the step's wall-clock
                  minus its target forward and its drafter passes, median of the recent steps
 
@@ -94,11 +97,13 @@ class BucketedTime:
         f_b     the non-decreasing fit of m_b over the measured buckets (``monotone_fit``, each bucket
                 weighted by its number of observations): a forward over more tokens never takes less
                 time, so a bucket measured slow among few samples is pooled with its neighbours
-        t(q)    f linear between buckets, flat below the smallest, proportional to q above the largest
+        t(q)    f linear between buckets, flat below the smallest (or, with ``proportional_below``,
+                proportional to q there too), proportional to q above the largest
     """
 
-    def __init__(self, window: int = 32):
+    def __init__(self, window: int = 32, proportional_below: bool = False):
         self.window = window
+        self.proportional_below = proportional_below
         self._observed: dict[int, deque[float]] = {}  # bucket -> its last ``window`` seconds
         self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, f_b), None when stale
 
@@ -128,7 +133,8 @@ class BucketedTime:
 
     def seconds(self, size: int | np.ndarray, min_points: int = 2):
         """Estimated seconds for ``size`` (an int or an array of them), t(q) of the class docstring;
-        None with fewer than ``min_points`` buckets measured (one bucket: flat everywhere)."""
+        None with fewer than ``min_points`` buckets measured (one bucket: flat, but proportional below it
+        with ``proportional_below``)."""
         if len(self._observed) < max(1, min_points):
             return None
         self.fitted()
@@ -137,6 +143,8 @@ class BucketedTime:
         out = np.interp(q, xs, ys)
         if len(xs) > 1:
             out = np.where(q > xs[-1], ys[-1] * q / xs[-1], out)
+        if self.proportional_below:
+            out = np.where(q < xs[0], ys[0] * q / xs[0], out)
         return float(out) if np.ndim(out) == 0 else out
 
 
@@ -146,7 +154,7 @@ class StepCosts:
 
     def __init__(self, window: int = 32, target: BucketedTime | None = None):
         self.target = target if target is not None else BucketedTime(window)  # by query tokens of the forward
-        self.draft_pass = BucketedTime(window)  # by rows of the pass
+        self.draft_pass = BucketedTime(window, proportional_below=True)  # by rows of the pass
         self._rests: deque[float] = deque(maxlen=window)
 
     @property

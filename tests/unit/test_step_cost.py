@@ -270,6 +270,19 @@ def test_bucketed_time_is_robust_to_stalls_and_never_cheaper_for_more_tokens():
     assert t.seconds(12) == pytest.approx(t.seconds(8))
 
 
+def test_a_drafter_timed_only_over_prompts_is_not_read_as_that_dear_for_a_decode_pass():
+    # The drafter's first timed pass read two 256-token prompts: 0.5 s. A pass over the batch's 8 rows is read
+    # proportionally (optimistic, then measured), not as 0.5 s, which would keep a paying drafter off for good.
+    costs = _costs(per_token=0.0, base=0.1, draft=0.0, fixed=0.0)
+    costs.draft_pass = BucketedTime(window=1, proportional_below=True)
+    costs.draft_pass.observe(512, 0.5)
+    assert costs.draft_pass.seconds(8, min_points=1) == pytest.approx(0.5 * 8 / 512)
+    assert could_pay(costs, 8, 4) and plan_depths([0.9] * 8, costs, 1, 4).passes > 0
+    flat = BucketedTime(window=1)  # the target's reading: flat below (a small forward is memory bound)
+    flat.observe(512, 0.5)
+    assert flat.seconds(8, min_points=1) == 0.5
+
+
 def test_fixed_cost_ignores_idle_gaps():
     costs = StepCosts(window=1)
     costs.observe_step(1.2, 0.9, 0.2)
