@@ -16,10 +16,14 @@ Cost model (``StepCosts``), all three terms measured by the engine every step:
 
 A step with B requests, request i verifying d_i draft tokens (0 = no speculation for it), costs
 
-    t(d) = t_fixed + t_target(B + sum_i d_i) + passes(D) * t_pass(B),   D = max_i d_i
+    t(d) = t_fixed + t_target(B + sum_i d_i) + passes(D) * t_pass(B) + t_first,   D = max_i d_i
     passes(D) = D                 when planning before the drafter's first pass (it drafts level 1)
-              = max(D - 1, 0)     once the first pass has run (its cost is sunk)
+              = max(D - 1, 0)     once the first pass has run
     passes(0) = 0                 no drafter pass at all
+    t_first   = 0                 before the first pass
+              = its seconds       once it has run: every plan, plain decoding included, has paid them,
+                                  and E(d) / t(d) is a ratio, so leaving a cost all plans share out of
+                                  t would favour the cheaper, shallower plans
 
 and emits, with p_i the request's per-position acceptance estimate (a chance, calibrated),
 
@@ -43,11 +47,13 @@ drafts from one source, and only the requests drafting from the drafter count to
     gains of request i: q_i^k for k <= L_i (free), p_i^k for k <= D (drafter)
 
 and the same N-largest search runs over those gains, for D = 0 (free drafts only, no pass) through
-max_depth. The source rule is a choice, not a search (a free chain less sure than the drafter's that
-would save a pass for the whole batch is only found at D = 0), so with free drafts the plan is the
-optimum among plans that follow it (tested against brute force; in 4,000 random batches of up to 3
-requests it reached at least 0.92 of the best of all plans). ``min_depth`` raises drafter chains only (a free chain is as long
-as its match allows).
+max_depth; for each D >= 1 it also runs with every request on the drafter (source_i = drafter for all),
+since the rule weighs whole chains and not what verifying them costs (a long, unsure copy can lose to
+one sure drafter token, once the first pass has run). The source rule is a choice, not a search (a free
+chain less sure than the drafter's that would save a pass for the whole batch is only found at D = 0),
+so with free drafts the plan is at least the optimum among plans that follow the rule (tested against
+brute force, and against the best of all plans in random batches of up to 3 requests).
+``min_depth`` raises drafter chains only (a free chain is as long as its match allows).
 
 Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all.
 Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1: when even a
@@ -215,11 +221,13 @@ def plan_depths(
     min_depth: int,
     max_depth: int,
     allow_off: bool = True,
-    first_pass_done: bool = False,
+    first_pass_seconds: float | None = None,
     free: Sequence[tuple[int, float]] | None = None,
 ) -> StepPlan | None:
     """The plan of the module docstring for requests with per-position acceptance ``acceptance`` and,
-    optionally, free drafts ``free`` ((L_i, q_i) per request); None while the cost model is not ready."""
+    optionally, free drafts ``free`` ((L_i, q_i) per request); ``first_pass_seconds``: None when planning
+    before the drafter's first pass, else what that pass took (t_first). None while the cost model is not
+    ready."""
     if not costs.ready() or not acceptance:
         return None
     p = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0)  # [B]
@@ -231,14 +239,18 @@ def plan_depths(
         q = np.clip(np.asarray([a for _, a in free], dtype=np.float64), 0.0, 1.0)  # [B]
     has_free = free_len > 0
     free_yield = _chain_yield(q, free_len)  # [B] q_i + ... + q_i^L_i
-    fixed = costs.fixed or 0.0
+    first_pass_done = first_pass_seconds is not None
+    fixed = (costs.fixed or 0.0) + (first_pass_seconds or 0.0)  # t_fixed + t_first: paid by every plan
     pass_seconds = costs.draft_pass.seconds(batch, min_points=1)
     plain_rate = batch / (fixed + costs.target.seconds(batch))
     best_depths, best_rate = np.zeros(batch, dtype=np.int64), plain_rate
     best_free = np.zeros(batch, dtype=bool)
-    for depth in range(0 if has_free.any() else 1, max_depth + 1):
+    searches = [(depth, True) for depth in range(0 if has_free.any() else 1, max_depth + 1)]
+    if has_free.any():  # the same depths with every request on the drafter
+        searches += [(depth, False) for depth in range(1, max_depth + 1)]
+    for depth, rule in searches:
         drafter_yield = _chain_yield(p, np.full(batch, depth))
-        use_free = has_free & ((depth == 0) | (free_yield >= drafter_yield))  # [B] source_i = free
+        use_free = has_free & rule & ((depth == 0) | (free_yield >= drafter_yield))  # [B] source_i = free
         cap = np.where(use_free, free_len, depth)  # [B] longest chain of the request's source
         width = int(cap.max(initial=0))
         if width == 0:

@@ -33,14 +33,14 @@ def _costs(per_token: float, base: float, draft: float, fixed: float) -> StepCos
     return costs
 
 
-def _rate(depths, p, costs, first_pass_done):
+def _rate(depths, p, costs, first_pass_seconds):
     """E(d) / t(d) straight from the module docstring."""
     batch = len(p)
     emitted = batch + sum(sum(pi**k for k in range(1, d + 1)) for pi, d in zip(p, depths))
     deepest = max(depths)
-    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_done else deepest)
+    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_seconds is not None else deepest)
     seconds = costs.fixed + costs.target.seconds(batch + sum(depths)) + passes * costs.draft_pass.seconds(1, 1)
-    return emitted / seconds
+    return emitted / (seconds + (first_pass_seconds or 0.0))
 
 
 @FAST
@@ -51,11 +51,11 @@ def _rate(depths, p, costs, first_pass_done):
     st.floats(0.01, 1.0),
     st.floats(0.001, 1.0),
     st.floats(0.0, 0.5),
-    st.booleans(),
+    st.one_of(st.none(), st.floats(0.001, 1.0)),
 )
 def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_token, base, draft, fixed, first):
     costs = _costs(per_token, base, draft, fixed)
-    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_done=first)
+    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_seconds=first)
     best = max(
         _rate(list(d), p, costs, first) for d in itertools.product(range(max_depth + 1), repeat=len(p))
     )
@@ -64,7 +64,7 @@ def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_to
     assert all(0 <= d <= max_depth for d in plan.depths)
 
 
-def _free_rate(choice, p, free, costs, first_pass_done):
+def _free_rate(choice, p, free, costs, first_pass_seconds):
     """E / t of a plan ``choice`` = [(source, d_i)] with free drafts, from the module docstring: free
     chains emit q_i^k and need no drafter pass."""
     batch = len(p)
@@ -73,9 +73,10 @@ def _free_rate(choice, p, free, costs, first_pass_done):
         for i, (source, d) in enumerate(choice)
     )
     deepest = max((d for source, d in choice if source == "drafter"), default=0)
-    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_done else deepest)
+    passes = 0 if deepest == 0 else (deepest - 1 if first_pass_seconds is not None else deepest)
     verified = sum(d for _, d in choice)
-    return emitted / (costs.fixed + costs.target.seconds(batch + verified) + passes * costs.draft_pass.seconds(1, 1))
+    seconds = costs.fixed + costs.target.seconds(batch + verified) + passes * costs.draft_pass.seconds(1, 1)
+    return emitted / (seconds + (first_pass_seconds or 0.0))
 
 
 def _chain(a, n):
@@ -109,7 +110,7 @@ def _free_choices(p, free, max_depth, follow_rule):
     st.floats(0.01, 1.0),
     st.floats(0.001, 1.0),
     st.floats(0.0, 0.5),
-    st.booleans(),
+    st.one_of(st.none(), st.floats(0.001, 1.0)),
 )
 def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
     requests, max_depth, per_token, base, draft, fixed, first
@@ -117,7 +118,7 @@ def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
     p = [pi for pi, _, _ in requests]
     free = [(min(n, max_depth), q) for _, n, q in requests]
     costs = _costs(per_token, base, draft, fixed)
-    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_done=first, free=free)
+    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, first_pass_seconds=first, free=free)
     choice = [("free" if f else "drafter", d) for f, d in zip(plan.free, plan.depths)]
     assert plan.rate == pytest.approx(_free_rate(choice, p, free, costs, first), rel=1e-9)
     assert all(d <= n for (n, _), (source, d) in zip(free, choice) if source == "free")
