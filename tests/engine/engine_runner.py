@@ -27,14 +27,22 @@ def _metrics(llm) -> dict:
     return out
 
 
-def main() -> None:
+def start_llm(spec: dict):
+    """The spec's engine, in this process (in-process engine core), with the tests' defaults: eager,
+    float32 (lossless identity is exact there), seed 0, stats on."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    spec = json.loads(sys.argv[1])
     engine = {"enforce_eager": True, "dtype": "float32", "seed": 0, "disable_log_stats": False,
               "max_model_len": 2048, **spec["engine"]}  # fmt: skip
-    llm = LLM(**engine)
+    return LLM(**engine)
+
+
+def main() -> None:
+    from vllm import SamplingParams
+
+    spec = json.loads(sys.argv[1])
+    llm = start_llm(spec)
     params = SamplingParams(
         temperature=spec.get("temperature", 0.0),
         max_tokens=spec["max_tokens"],

@@ -4,18 +4,19 @@ process; print every request's outputs step by step as JSON (used by test_faults
     python request_runner.py '<json spec>'
 spec: {"engine": {LLM kwargs}, "batches": {name: [request, ...]}}
 request: {"prompt": [token ids], "params": {SamplingParams kwargs},
-          "stop_from": {"batch": name, "index": i, "token": k}}   (optional, see below)
+          "stop_from": {"batch": name, "index": i, "token": k},         (optional, see below)
+          "stop_token_from": {"batch": name, "index": i, "token": k}}   (optional)
 
 The requests of a batch are added together and stepped to completion with delta outputs, so each
 output's ``chunks`` are the tokens it got per engine step (a step that accepted drafts emits several).
 ``stop_from``: a stop string taken from an earlier batch's output (request ``index``, the text of its
-tokens ``k - 1`` and ``k``), so two engines whose earlier outputs agree stop on the same string.
+tokens ``k - 1`` and ``k``), so two engines whose earlier outputs agree stop on the same string;
+``stop_token_from``: likewise a stop token id, that output's token ``k``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 
@@ -37,6 +38,10 @@ def run_batch(engine, tokenizer, name: str, requests: list[dict], done: dict) ->
             earlier = done[source["batch"]][source["index"]]["outputs"][0]["token_ids"]
             stop = stop_string(tokenizer, earlier, source["token"])
             params["stop"] = [stop] if stop else None
+        source = request.get("stop_token_from")
+        if source:
+            earlier = done[source["batch"]][source["index"]]["outputs"][0]["token_ids"]
+            params["stop_token_ids"] = [earlier[source["token"]]]
         rid = f"{name}-{i}"
         engine.add_request(
             rid, {"prompt_token_ids": request["prompt"]}, SamplingParams(**params, output_kind=RequestOutputKind.DELTA)
@@ -64,13 +69,10 @@ def run_batch(engine, tokenizer, name: str, requests: list[dict], done: dict) ->
 
 
 def main() -> None:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM
+    from engine_runner import start_llm  # this script's folder is on sys.path
 
     spec = json.loads(sys.argv[1])
-    engine = {"enforce_eager": True, "dtype": "float32", "seed": 0, "disable_log_stats": False,
-              "max_model_len": 2048, **spec["engine"]}  # fmt: skip
-    llm = LLM(**engine)
+    llm = start_llm(spec)
     tokenizer = llm.get_tokenizer()
     done: dict[str, list[dict]] = {}
     for name, requests in spec["batches"].items():

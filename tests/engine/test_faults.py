@@ -50,6 +50,11 @@ def _batches(prompts: list[list[int]]) -> dict[str, list[dict]]:
         {"prompt": p, "params": {**greedy, "max_tokens": UNLIMITED}, "stop_from": {"batch": "unlimited", "index": i, "token": k}}
         for i, p in enumerate(prompts) for k in STOP_AT
     ]  # fmt: skip
+    stop_tokens = [
+        {"prompt": p, "params": {**greedy, "max_tokens": UNLIMITED},
+         "stop_token_from": {"batch": "unlimited", "index": i, "token": k}}
+        for i, p in enumerate(prompts) for k in STOP_AT
+    ]  # fmt: skip
     near_end = [{"prompt": p, "params": {**greedy, "max_tokens": 32}} for p in _near_end_prompts()]
     sampled = {"temperature": 0.8, "max_tokens": 24, "ignore_eos": True}
     mixed = [
@@ -65,7 +70,8 @@ def _batches(prompts: list[list[int]]) -> dict[str, list[dict]]:
     logprobs = [{"prompt": p, "params": {**greedy, "max_tokens": 24, "logprobs": 2}} for p in prompts] + [
         {"prompt": p, "params": {**GREEDY, "max_tokens": 24, "logprobs": 2}} for p in prompts  # tau 0.3: lossy
     ]
-    return {"unlimited": unlimited, "limits": limits, "stop_strings": stop_strings, "near_end": near_end,
+    return {"unlimited": unlimited, "limits": limits, "stop_strings": stop_strings,
+            "stop_tokens": stop_tokens, "near_end": near_end,
             "mixed": mixed, "logprobs": logprobs}  # fmt: skip
 
 
@@ -150,6 +156,23 @@ def test_stop_string_inside_an_accepted_draft_cuts_where_plain_decoding_stops(pl
         inside += _cut_inside_a_step(chunks, len(_only(got)["token_ids"]))
     assert stopped >= len(plain["batches"]["stop_strings"]) // 2
     assert inside >= 3, f"only {inside} stop strings fell inside an accepted draft"
+
+
+def test_stop_token_inside_an_accepted_draft_cuts_where_plain_decoding_stops(plain, chain):
+    """A stop token id (``stop_token_ids``) drafted and accepted in the middle of a step: the output ends
+    at its first occurrence, as plain decoding's does (the stop token itself is not in the text), with
+    finish reason "stop" and the token as stop reason; the accepted drafts after it are dropped."""
+    inside = 0
+    for i, (want, got) in enumerate(zip(plain["batches"]["stop_tokens"], chain["batches"]["stop_tokens"])):
+        assert _same(_only(got), _only(want)), (i, _only(got), _only(want))
+        unlimited = _only(plain["batches"]["unlimited"][i // len(STOP_AT)])["token_ids"]
+        token = unlimited[STOP_AT[i % len(STOP_AT)]]
+        first = unlimited.index(token)
+        assert _only(got)["token_ids"] == unlimited[: first + 1]
+        assert _only(got)["finish_reason"] == "stop" and _only(got)["stop_reason"] == token
+        chunks = _only(chain["batches"]["unlimited"][i // len(STOP_AT)])["chunks"]
+        inside += _cut_inside_a_step(chunks, first + 1)
+    assert inside >= 3, f"only {inside} stop tokens fell inside an accepted draft"
 
 
 @pytest.mark.parametrize("engine", ["chain", "tree"])

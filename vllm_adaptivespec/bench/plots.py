@@ -208,3 +208,27 @@ def draw_all(data: dict, directory: Path) -> list[Path]:
           for metric in _histogram_metrics(data)),
     ]
     return [p for p in made if p is not None]
+
+
+def load_figures(run: dict, path: Path) -> Path | None:
+    """The serving-load run (`benchmarks/load.py`): tok/s, TTFT and ITL (p50 bars, p99 ticks) per configuration."""
+    configs = run.get("configs") or {}
+    if not configs:
+        return None
+    plt, fig, axes = _figure(3, max_cols=3)
+    names = list(configs)
+    panels = [("tokens_per_s", None, "output tok/s", 1.0), ("ttft_s", "p50", "time to first token (s)", 1.0),
+              ("itl_s", "p50", "inter-chunk latency (ms)", 1000.0)]  # fmt: skip
+    for ax, (key, _, label, scale) in zip(axes, panels):
+        figures = [configs[n]["summary"][key] for n in names]
+        if isinstance(figures[0], dict):
+            p50 = [(f["p50"] or 0.0) * scale for f in figures]
+            p99 = [(f["p99"] or 0.0) * scale for f in figures]
+            ax.bar(names, p50, color="tab:blue", label="p50")
+            ax.scatter(names, p99, color="tab:red", marker="_", s=400, label="p99")
+        else:
+            ax.bar(names, [f * scale for f in figures], color="tab:blue")
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", rotation=20)
+        ax.grid(alpha=0.3, axis="y")
+    return _save(plt, fig, axes, path, f"Serving load: {run.get('pair')}, {run.get('streams')} streams at once")
