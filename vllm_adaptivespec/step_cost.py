@@ -3,10 +3,10 @@ verifies, priced by a step-cost model fitted online on the hardware at hand.
 
 Cost model (``StepCosts``), all three terms measured by the engine every step:
 
-    t_target(q)  target forward over q query tokens: per bucket of q (fine where kernels tile, see
-                 ``BucketedTime``) the median of its recent times, linear in between, flat below the
-                 smallest bucket, proportional to q above the largest (compute bound there); needs two
-                 buckets
+    t_target(q)  target forward over q query tokens: per power-of-two bucket of q the median of its
+                 recent times, fitted non-decreasing across buckets (``BucketedTime``), linear in
+                 between, flat below the smallest bucket, proportional to q above the largest
+                 (compute bound there); needs two buckets
     t_pass(r)    one drafter pass over r rows, bucketed the same way, but proportional below the smallest
                  measured bucket: the first pass a drafter is timed on is often one over prompts (hundreds
                  of rows), and reading a B-row pass as that dear would keep it off without ever timing
@@ -77,36 +77,45 @@ import numpy as np
 MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
 
 
-SPARSE = 3  # a bucket with fewer observations than this is read by its fastest one
+def monotone_fit(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (isotonic regression,
+    pool adjacent violators): a run of values that decreases is replaced by its weighted mean.
+
+    Worked example: values [1.0, 3.0, 2.0, 4.0], weights [1, 1, 1, 1] -> [1.0, 2.5, 2.5, 4.0]."""
+    blocks: list[list[float]] = []  # [mean, weight, length] of each pooled run
+    for value, weight in zip(values, weights):
+        blocks.append([float(value), float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight, length = blocks.pop()
+            last = blocks[-1]
+            last[0] = (last[0] * last[1] + mean * weight) / (last[1] + weight)
+            last[1] += weight
+            last[2] += length
+    return [mean for mean, _, length in blocks for _ in range(int(length))]
 
 
 class BucketedTime:
-    """Seconds of an operation as a function of its size, measured per bucket of sizes:
+    """Seconds of an operation as a function of its size, fitted so that a noisy machine cannot make
+    more work look cheaper:
 
-        buckets  powers of two up to 16 (sizes in (b/2, b]), multiples of 8 from 16 to 128 (sizes in
-                 (b - 8, b]), powers of two above: matrix kernels are tiled, so time is a step function
-                 of the size that need not rise with it (2 CPU cores, oneDNN bf16, Qwen2.5-1.5B's linear
-                 layers: 16 rows 7.4 ms, 17-32 rows 11.2 ms, 33-48 rows 9.5 ms), and a bucket as wide as
-                 (16, 32] or (32, 64] would hide where the cheaper sizes are
-        m_b      median of the bucket's last ``window`` observations; while it has fewer than ``SPARSE``,
-                 the fastest of them: a busy machine only ever adds time, so one stall cannot brand a
-                 size dear (and keep the plan away from it for good)
-        t(q)     m linear between measured buckets, flat below the smallest (or, with
-                 ``proportional_below``, proportional to q there too), proportional to q above the largest
+        m_b     median of the last ``window`` observations whose size falls in power-of-two bucket b
+                (sizes in (b/2, b]); a stall of the machine moves a median less than a mean
+        f_b     the non-decreasing fit of m_b over the measured buckets (``monotone_fit``, each bucket
+                weighted by its number of observations): a forward over more tokens never takes less
+                time, so a bucket measured slow among few samples is pooled with its neighbours
+        t(q)    f linear between buckets, flat below the smallest (or, with ``proportional_below``,
+                proportional to q there too), proportional to q above the largest
     """
 
     def __init__(self, window: int = 32, proportional_below: bool = False):
         self.window = window
         self.proportional_below = proportional_below
         self._observed: dict[int, deque[float]] = {}  # bucket -> its last ``window`` seconds
-        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, m_b), None when stale
+        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, f_b), None when stale
 
     @staticmethod
     def bucket(size: int) -> int:
-        size = max(1, size)
-        if 16 < size <= 128:
-            return 8 * math.ceil(size / 8)
-        return 1 << math.ceil(math.log2(size))
+        return 1 << max(0, math.ceil(math.log2(max(1, size))))
 
     def observe(self, size: int, seconds: float) -> None:
         if size < 1 or not seconds > 0:
@@ -119,12 +128,12 @@ class BucketedTime:
         return len(self._observed)
 
     def fitted(self) -> dict[int, float]:
-        """{bucket: m_b}."""
+        """{bucket: f_b}."""
         if self._fitted is None:
             buckets = sorted(self._observed)
-            times = [self._observed[b] for b in buckets]
-            m = [float(min(t)) if len(t) < SPARSE else float(np.median(t)) for t in times]
-            self._fitted = (np.array(buckets, dtype=np.float64), np.array(m))
+            medians = [float(np.median(self._observed[b])) for b in buckets]
+            counts = [len(self._observed[b]) for b in buckets]
+            self._fitted = (np.array(buckets, dtype=np.float64), np.array(monotone_fit(medians, counts)))
         xs, ys = self._fitted
         return {int(x): float(y) for x, y in zip(xs, ys)}
 

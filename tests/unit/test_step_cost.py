@@ -16,6 +16,7 @@ from vllm_adaptivespec.step_cost import (
     StepCosts,
     could_pay,
     hindsight,
+    monotone_fit,
     plan_depths,
 )
 
@@ -230,33 +231,44 @@ def test_bucketed_time_interpolates_and_extrapolates():
     assert t.seconds(32) == pytest.approx(4.0)  # proportional above
 
 
-def test_buckets_are_fine_where_kernels_tile():
-    assert [BucketedTime.bucket(q) for q in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
-    assert [BucketedTime.bucket(q) for q in (17, 24, 25, 33, 40, 127, 128)] == [24, 24, 32, 40, 40, 128, 128]
-    assert [BucketedTime.bucket(q) for q in (129, 256, 300, 2048)] == [256, 256, 512, 2048]
+def _brute_force_monotone_fit(values, weights):
+    """The isotonic fit is constant on contiguous blocks, each at its weighted mean: try every split into
+    blocks whose means do not decrease and keep the one with the least weighted squared error."""
+    n, best = len(values), None
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
+        fit = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            w = sum(weights[lo:hi])
+            fit += [sum(v * x for v, x in zip(values[lo:hi], weights[lo:hi])) / w] * (hi - lo)
+        if any(a > b + 1e-12 for a, b in zip(fit, fit[1:])):
+            continue
+        error = sum(w * (v - f) ** 2 for v, w, f in zip(values, weights, fit))
+        if best is None or error < best[0] - 1e-12:
+            best = (error, fit)
+    return best[1]
 
 
-def test_bucketed_time_reads_measured_sizes_that_are_cheaper_than_smaller_ones():
-    # 2 CPU cores, oneDNN bf16: 17-32 rows cost more than 33-48 (tiling); the plan must see it.
-    t = BucketedTime(window=4)
-    for q, seconds in ((16, 0.20), (24, 0.30), (40, 0.26)):
-        for _ in range(4):
-            t.observe(q, seconds)
-    assert t.seconds(24) == pytest.approx(0.30) and t.seconds(40) == pytest.approx(0.26)
-    assert t.seconds(36) == pytest.approx(0.30 + (36 - 24) / (40 - 24) * (0.26 - 0.30))  # linear between
+@FAST
+@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.integers(1, 5)), min_size=1, max_size=7))
+def test_monotone_fit_matches_brute_force(points):
+    values, weights = [v for v, _ in points], [w for _, w in points]
+    fit = monotone_fit(values, weights)
+    assert all(a <= b + 1e-9 for a, b in zip(fit, fit[1:]))
+    assert fit == pytest.approx(_brute_force_monotone_fit(values, weights), abs=1e-9)
 
 
-def test_bucketed_time_is_robust_to_stalls():
+def test_bucketed_time_is_robust_to_stalls_and_never_cheaper_for_more_tokens():
     t = BucketedTime(window=8)
-    t.observe(8, 2.0)  # the bucket's first observation is a stall of the machine
-    t.observe(8, 0.20)
-    assert t.seconds(8, min_points=1) == pytest.approx(0.20)  # sparse: its fastest
     for _ in range(8):
-        t.observe(16, 0.21)
-    for _ in range(6):
         t.observe(8, 0.20)
-    t.observe(8, 3.0)  # another stall among many: the median ignores it
-    assert t.seconds(8) == pytest.approx(0.20)
+        t.observe(16, 0.21)
+    t.observe(8, 2.0)  # one stall of the machine
+    assert t.seconds(8) == pytest.approx(0.20)  # the median ignores it
+    for _ in range(8):
+        t.observe(8, 0.25)  # the 8-token bucket is re-measured slower than the 16-token one
+    assert t.seconds(8) == pytest.approx(t.seconds(16))  # pooled: 16 tokens do not look cheaper
+    assert t.seconds(12) == pytest.approx(t.seconds(8))
 
 
 def test_a_drafter_timed_only_over_prompts_is_not_read_as_that_dear_for_a_decode_pass():

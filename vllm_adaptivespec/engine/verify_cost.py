@@ -3,8 +3,9 @@ cap verification cost implies (``VerifyCost``) and the drafter's cost per pass (
 
 A target forward with q query tokens costs about as much as one with a single token while the
 hardware is memory bound, then grows (2 CPU cores, Qwen2.5-1.5B: 1.0x, 1.0x, 1.3x, 1.5x, 2.1x for
-q = 1, 4, 8, 16, 32). The runner times every target forward; times are kept per bucket of q (median
-of the recent ones: ``step_cost.BucketedTime``) and interpolated linearly in between.
+q = 1, 4, 8, 16, 32). The runner times every target forward; times are kept per power-of-two bucket
+of q (median of the recent ones, fitted non-decreasing: ``step_cost.BucketedTime``) and interpolated
+linearly in between.
 
 Node cap: with B requests each verifying n nodes, a step costs t(B (1 + n)) and yields per request
 1 + E(n) tokens, where E(n) = a + a^2 + ... + a^n is the expected accepted length of n nodes at
