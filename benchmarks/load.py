@@ -7,9 +7,10 @@ Each configuration gets its own server, started the way the images start it (`de
 engine in its own process as `vllm serve` runs it), one after another so they never share the CPU. Every
 server receives the same burst (`vllm_adaptivespec.bench.load.mixed_requests`: mixed prompt lengths, mixed
 ``max_tokens``, stop strings on every third request, greedy) plus ``--hang-ups`` clients that disconnect
-after a few chunks, all at once. Written: results.json (every request's view and the summaries) and
-results.md (throughput, TTFT and ITL p50/p99, failures) and plots/load.png, so AdaptiveSpec is read next to plain decoding and
-stock vLLM speculation under the same load.
+after a few chunks, all at once. Written: results.json (every request's view and the summaries),
+results.md (throughput, TTFT and ITL p50/p99, failures) and plots/load.png, so AdaptiveSpec is read next
+to plain decoding and stock vLLM speculation under the same load. One burst per configuration: a first
+look, not a benchmark that resolves 5% (run it again, interleaved, for that).
 
 Configurations: ``plain`` (no speculation), ``stock-k<k>`` (vLLM draft-model speculation, k tokens, no
 AdaptiveSpec), ``adaptivespec`` (AdaptiveSpec chains, lossless, default settings), ``adaptivespec-tree``.
