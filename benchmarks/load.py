@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from vllm_adaptivespec.bench import load, plots
@@ -80,9 +79,7 @@ def main() -> int:
     output.mkdir(parents=True, exist_ok=True)
     target, drafter = model_path(args.pair, "target"), model_path(args.pair, "drafter")
     kept = load.mixed_requests(args.streams, seed=0)
-    hang_ups = [replace(r, id=f"hang-up-{i}", disconnect_after=2 + i % 3)
-                for i, r in enumerate(load.mixed_requests(args.hang_ups, seed=1, max_tokens=(64,)))]  # fmt: skip
-    burst = [x for pair in zip(kept, hang_ups + [None] * len(kept)) for x in pair if x is not None]
+    burst = load.interleave(kept, load.hang_ups(args.hang_ups, seed=1))
     run = {"pair": args.pair, "streams": args.streams, "hang_ups": args.hang_ups, "command": " ".join(sys.argv),
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "configs": {}}  # fmt: skip
     logs = Path(tempfile.mkdtemp(prefix="load-logs-"))

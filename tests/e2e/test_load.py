@@ -10,8 +10,6 @@ on the real model pairs)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-
 import pytest
 
 from vllm_adaptivespec.bench import load
@@ -54,8 +52,7 @@ def model(servers):
 def requests():
     # Stop strings the tiny random models write often (they write no English).
     kept = load.mixed_requests(STREAMS, seed=0, max_prompt_words=160, stops=(["as"], [">"], ["r", "\n"]))
-    hang_ups = [replace(r, id=f"hang-up-{i}", disconnect_after=2 + i % 3)
-                for i, r in enumerate(load.mixed_requests(HANG_UPS, seed=1, max_tokens=(64,)))]  # fmt: skip
+    hang_ups = load.hang_ups(HANG_UPS, seed=1)
     return kept, hang_ups
 
 
@@ -69,7 +66,7 @@ def alone(servers, model, requests):
 @pytest.fixture(scope="module")
 def bursts(servers, model, requests):
     kept, hang_ups = requests
-    mixed = [x for pair in zip(kept, hang_ups + [None] * len(kept)) for x in pair if x is not None]
+    mixed = load.interleave(kept, hang_ups)
     return {name: load.run_load(servers[name].base_url, model, mixed, concurrency=STREAMS + HANG_UPS)
             for name in ("chain", "tree", "stock", "plain")}  # fmt: skip
 

@@ -24,7 +24,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -75,6 +75,17 @@ def mixed_requests(n: int, seed: int = 0, max_prompt_words: int = 240, max_token
 # Asked of every request: each emitted token as its id with the two likeliest candidates' logprobs, so a
 # client can compare outputs token by token and tell a real departure from a near-tie.
 TOKEN_IDS = {"logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True}
+
+
+def hang_ups(n: int, seed: int = 1) -> list[LoadRequest]:
+    """``n`` requests whose clients disconnect after 2-4 content chunks (64 tokens asked, so they would go on)."""
+    return [replace(r, id=f"hang-up-{i}", disconnect_after=2 + i % 3)
+            for i, r in enumerate(mixed_requests(n, seed=seed, max_tokens=(64,)))]  # fmt: skip
+
+
+def interleave(kept: list[LoadRequest], hang_ups: list[LoadRequest]) -> list[LoadRequest]:
+    """One burst: the kept requests with a hang-up after each of the first ``len(hang_ups)``."""
+    return [x for pair in zip(kept, hang_ups + [None] * len(kept)) for x in pair if x is not None]
 
 
 def request_body(model: str, request: LoadRequest, stream: bool, extra: dict | None = None) -> dict:
