@@ -100,8 +100,8 @@ def snapshot(llm, done: int, aborted: int, started: float) -> dict:
             ),
         },
         "histories": {
-            "pooled_window": len(state.pooled._window),
-            "free_pooled_window": 0 if state.free_drafts is None else len(state.free_drafts.pooled._window),
+            "pooled_window": len(state.pooled),
+            "free_pooled_window": 0 if state.free_drafts is None else len(state.free_drafts.pooled),
             "target_cost_buckets": state.step_costs.target.points(),
             "draft_pass_buckets": state.step_costs.draft_pass.points(),
             "calibration_bins": int(state.calibration.judged.size),

@@ -95,12 +95,12 @@ class AdaptiveSpecConfig(BaseModel):
     )
     free_drafter: Literal["off", "ngram", "suffix"] = Field(
         "ngram",
-        description="A second draft source that costs no drafter pass (chain mode): 'ngram' copies the tokens that "
+        description="A second draft source that costs no drafter pass: 'ngram' copies the tokens that "
         "followed the longest earlier match of the request's last tokens in its own prompt and output (vLLM's "
         "prompt-lookup matcher); 'suffix' asks Arctic Inference's suffix decoding cache (the request's text and "
         "earlier requests' responses; needs arctic-inference). Each step the plan drafts a request from the source "
-        "with the higher expected acceptance; a step whose drafts all come from it runs no drafter pass. "
-        "'off' = the drafter model only.",
+        "with the higher expected acceptance (tree mode: the copy is also one more branch of every drafter tree); "
+        "a step whose drafts all come from it runs no drafter pass. 'off' = the drafter model only.",
     )
     free_min_match: int = Field(2, ge=1, le=16, description="Shortest match (tokens) that yields an ngram draft.")
     free_max_match: int = Field(4, ge=1, le=16, description="Longest match (tokens) the ngram source looks for.")

@@ -128,6 +128,10 @@ class SequencePolicy:
         """Draft positions judged within the window (0: ``acceptance_rate`` is still the prior)."""
         return self._sum_trials
 
+    def __len__(self) -> int:
+        """Verified steps in the window."""
+        return len(self._window)
+
     def signal(self, confidence: float) -> float:
         """Fused signal in [0, 1] from this step's drafter top-1 confidence and the history."""
         confidence = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, float(confidence)))

@@ -74,6 +74,9 @@ from typing import Sequence
 
 import numpy as np
 
+from vllm_adaptivespec.config import AdaptiveSpecConfig
+from vllm_adaptivespec.policy import SequencePolicy
+
 MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
 
 
@@ -295,56 +298,67 @@ class PooledAcceptance:
 
         a_pool = sum(accepted_j) / sum(trials_j)     over the last ``window`` judged drafts j
 
-    with trials_j = accepted_j + 1 unless the whole draft was accepted (as ``policy.SequencePolicy``
-    counts them); None before any draft was judged."""
+    counted as ``policy.SequencePolicy`` counts a request's drafts (it is one, over every request's);
+    None before any draft was judged."""
 
     def __init__(self, window: int = 64):
-        self._window: deque[tuple[int, int]] = deque(maxlen=window)
-        self._accepted = self._trials = 0
+        self._history = SequencePolicy(AdaptiveSpecConfig(history_window=window))
 
     def observe(self, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        trials = accepted + (1 if accepted < drafted else 0)
-        if len(self._window) == self._window.maxlen:
-            old_accepted, old_trials = self._window[0]
-            self._accepted -= old_accepted
-            self._trials -= old_trials
-        self._window.append((accepted, trials))
-        self._accepted += accepted
-        self._trials += trials
+        self._history.observe(drafted, accepted, 0)
 
     def rate(self) -> float | None:
-        return self._accepted / self._trials if self._trials else None
+        return self._history.acceptance_rate if self._history.judged else None
+
+    def __len__(self) -> int:
+        """Drafts in the window."""
+        return len(self._history)
 
 
-class ConfidenceCalibration:
-    """What the drafter's top-1 confidence is worth: the observed acceptance of the first draft
-    position per confidence bin, shrunk toward the raw confidence while a bin has few observations:
+class ShrunkAcceptance:
+    """The observed acceptance of a draft's first token per bin, shrunk toward a prior while the bin has
+    few observations:
 
-        cal(c) = (accepted_bin + prior_weight * c) / (judged_bin + prior_weight)
+        rate(b, prior) = (accepted_b + prior_weight * prior) / (judged_b + prior_weight)"""
 
-    so a saturated confidence (~1 on code) is read as the acceptance it has actually earned."""
-
-    def __init__(self, bins: int = 10, prior_weight: float = 8.0):
-        self.bins = bins
+    def __init__(self, bins: int, prior_weight: float = 8.0):
         self.prior_weight = prior_weight
         self.judged = np.zeros(bins)
         self.accepted = np.zeros(bins)
 
-    def _bin(self, confidence: float) -> int:
-        c = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
-        return min(self.bins - 1, int(c * self.bins))
-
-    def observe(self, confidence: float, first_accepted: bool) -> None:
-        b = self._bin(confidence)
+    def observe(self, b: int, first_accepted: bool) -> None:
         self.judged[b] += 1
         self.accepted[b] += float(first_accepted)
 
+    def rate(self, b: int, prior: float) -> float:
+        return float((self.accepted[b] + self.prior_weight * prior) / (self.judged[b] + self.prior_weight))
+
+
+class ConfidenceCalibration(ShrunkAcceptance):
+    """What the drafter's top-1 confidence is worth: ``ShrunkAcceptance`` over ``bins`` equal confidence
+    bins, each shrunk toward the raw confidence:
+
+        cal(c) = rate(bin(c), c)
+
+    so a saturated confidence (~1 on code) is read as the acceptance it has actually earned."""
+
+    def __init__(self, bins: int = 10, prior_weight: float = 8.0):
+        super().__init__(bins, prior_weight)
+        self.bins = bins
+
+    def _bin(self, confidence: float) -> int:
+        return min(self.bins - 1, int(confidence * self.bins))
+
+    def observe(self, confidence: float, first_accepted: bool) -> None:
+        super().observe(self._bin(_clamped(confidence)), first_accepted)
+
     def __call__(self, confidence: float) -> float:
-        c = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
-        b = self._bin(c)
-        return float((self.accepted[b] + self.prior_weight * c) / (self.judged[b] + self.prior_weight))
+        c = _clamped(confidence)
+        return self.rate(self._bin(c), c)
+
+
+def _clamped(confidence: float) -> float:
+    return 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
 
 
 def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | None:

@@ -224,6 +224,36 @@ class DraftTrees:
         return trees if device is None else trees.to(device)
 
 
+def merge_chain(
+    tokens: Sequence[int], parents: Sequence[int], chain: Sequence[int], limit: int
+) -> tuple[list[int], list[int], list[int]]:
+    """One flattened tree (``tokens``, ``parents``: [nodes], parents[i] in [-1, i)) with ``chain`` (tokens
+    in order from the root) added as a root path: followed down the tree while a child of the path's
+    last node holds the chain's next token, the rest appended as new nodes, each the child of the one
+    before, while the tree has fewer than ``limit`` nodes.
+
+    Returns (tokens, parents, path), new lists: the given nodes keep their places (so a drafter tree's
+    top-1 chain still fills 0..k-1), the new ones follow in order (topological), no node gets two
+    children with one token, and ``path[j]`` is the node of chain token j (as many as fit).
+
+    Worked example: tokens [5, 6, 7], parents [-1, 0, -1] (5 -> 6, and 7), chain [5, 8, 9], limit 4:
+    5 is node 0; no child of 0 holds 8, so 8 becomes node 3 (parent 0); the limit stops 9.
+    -> tokens [5, 6, 7, 8], parents [-1, 0, -1, 0], path [0, 3]."""
+    tokens, parents, path = list(tokens), list(parents), []
+    parent = ROOT
+    for token in chain:
+        node = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == parent and t == token), None)
+        if node is None:
+            if len(tokens) >= limit:
+                break
+            tokens.append(token)
+            parents.append(parent)
+            node = len(tokens) - 1
+        path.append(node)
+        parent = node
+    return tokens, parents, path
+
+
 class TreeBuilder:
     """Builds a batch of draft trees level by level; one ``add_level`` call per drafter step.
 

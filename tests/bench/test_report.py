@@ -145,7 +145,7 @@ def test_plots_are_written_as_png(data, tmp_path):
     derive(data)
     made = draw_all(data, tmp_path / "plots")
     assert sorted(p.name for p in made) == ["draft_depth_distribution.png", "pass_at_1_vs_tau.png",
-                                                "speed_by_config.png", "speed_vs_tau.png"]
+                                                "speed_by_config.png", "speed_vs_accuracy.png", "speed_vs_tau.png"]
     for path in made:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
@@ -254,3 +254,24 @@ def test_free_share_is_shown_once_the_plugin_counts_free_drafts(data):
             cell["adaptivespec"]["free_draft_tokens"] = {"type": "counter", "value": 10}
     text = markdown(data)
     assert text.count("| free |") == 2 and "| 7 | 25% |" in text
+
+
+def test_drafter_passes_per_token_are_shown_once_the_plugin_counts_them(data):
+    from vllm_adaptivespec.bench.report import passes_per_token
+
+    derive(data)
+    assert "| passes/token |" not in markdown(data)  # results of runs before the plugin counted its passes
+    for cell in (c for c in data["cells"] if c.get("status") == "ok"):
+        cell["output_tokens"] = 200
+        cell["step_latency_ms"] |= {"decode_steps": 90, "prefill_steps": 10}
+        if cell.get("kind") == "static":
+            cell["depth"] = int(cell["config"][-1])
+        if cell.get("kind") == "adaptivespec":
+            cell["adaptivespec"]["drafter_passes"] = {"type": "counter", "value": 50}
+    by_name = {c["config"]: c for c in data["cells"] if c.get("workload") == "humaneval" and c.get("status") == "ok"}
+    assert passes_per_token(by_name["static-k3"]) == 3 * 100 / 200  # k passes every engine step
+    assert passes_per_token(by_name["policy-only"]) == 50 / 200  # the plugin's own count
+    assert passes_per_token(by_name["ngram"]) == 0.0 and passes_per_token(by_name["ar"]) == 0.0
+    assert passes_per_token(by_name["dynamic"]) is None  # k changes with the batch: not known
+    text = markdown(data)
+    assert "| passes/token |" in text and "| 1.50 |" in text and "| 0.25 |" in text

@@ -71,14 +71,6 @@ def bursts(servers, model, requests):
             for name in ("chain", "tree", "stock", "plain")}  # fmt: skip
 
 
-def _metric(server, name: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    status, text = server.get("/metrics")
-    assert status == 200
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
-
-
 @pytest.mark.parametrize("name", ["chain", "tree", "stock", "plain"])
 def test_every_stream_ends_with_a_finish_reason_and_none_is_lost(bursts, requests, name):
     kept, hang_ups = requests
@@ -126,7 +118,7 @@ def test_lossless_streams_under_load_equal_the_request_decoded_alone(bursts, alo
 
 @pytest.mark.parametrize("name", ["chain", "tree"])
 def test_drafts_were_verified_under_load(servers, bursts, name):
-    assert _metric(servers[name], "vllm:spec_decode_num_accepted_tokens_total") > 0
+    assert servers[name].metrics().get("vllm:spec_decode_num_accepted_tokens_total", 0.0) > 0
 
 
 @pytest.mark.parametrize("name", ["chain", "tree", "stock", "plain"])
@@ -134,11 +126,13 @@ def test_after_the_burst_nothing_is_left_running_and_the_server_serves(servers, 
     """The hung-up requests were aborted (none running or waiting), and a request afterwards is served."""
     import time
 
+    def in_flight() -> tuple[float, float]:
+        metrics = servers[name].metrics()
+        return metrics["vllm:num_requests_running"], metrics["vllm:num_requests_waiting"]
+
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (_metric(servers[name], "vllm:num_requests_running")
-                                           + _metric(servers[name], "vllm:num_requests_waiting")) > 0:  # fmt: skip
+    while time.monotonic() < deadline and sum(in_flight()) > 0:
         time.sleep(0.5)
-    assert _metric(servers[name], "vllm:num_requests_running") == 0
-    assert _metric(servers[name], "vllm:num_requests_waiting") == 0
+    assert in_flight() == (0, 0)
     request = requests[0][0]
     assert load.complete_alone(servers[name].base_url, model, request)["token_ids"] == alone[request.id]["token_ids"]

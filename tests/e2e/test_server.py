@@ -11,7 +11,6 @@ import json
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -171,21 +170,11 @@ def test_bad_per_request_value_is_400_before_any_stream(servers, model, key, val
     assert good.text.rstrip().endswith("data: [DONE]") and '"error"' not in good.text
 
 
-def _totals(server) -> dict[str, float]:
-    status, text = server.get("/metrics")
-    assert status == 200
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
-
-
 def test_metrics_move_with_adaptivespec_traffic(servers, spec, model):
-    before = _totals(servers["spec"])
+    before = servers["spec"].metrics()
     for prompt in PROMPTS:
         _complete(spec, model, prompt, max_tokens=32)  # the server's own tau (0.5): lossy
-    after = _totals(servers["spec"])
+    after = servers["spec"].metrics()
 
     def moved(name):
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -202,7 +191,7 @@ def test_metrics_move_with_adaptivespec_traffic(servers, spec, model):
 def test_plain_server_is_stock_vllm(servers, plain, model):
     """Installed but not asked for (no `adaptivespec` key, no drafter): no drafts, no AdaptiveSpec samples."""
     _complete(plain, model, PROMPTS[0])
-    totals = _totals(servers["plain"])
+    totals = servers["plain"].metrics()
     assert totals.get("vllm:generation_tokens_total", 0) > 0
     for name in ("vllm:spec_decode_num_drafts_total", "vllm:adaptivespec_draft_depth_count",
                  "vllm:adaptivespec_promoted_tokens_total"):

@@ -124,6 +124,50 @@ def test_free_drafts_alone_run_no_drafter_pass_and_feed_their_own_estimates():
     assert state.free_drafts.pooled.rate() == 5 / 6
 
 
+def test_in_tree_mode_a_copy_is_one_more_branch_and_is_judged_on_its_own_path():
+    import torch
+
+    from vllm_adaptivespec.tree import DraftTrees
+
+    state = _free_state(batch=2, draft=0.05, mode="tree")
+    _offer(state)  # both copies: 4 5 6 1
+    drafter = DraftTrees.from_parents([[4, 9], [7]], [[-1, 0], [-1]])  # r0's drafter drafted 4 too
+    state.confidence = {"r0": 0.9, "r1": 0.9}
+    drafts = state.record_drafts(drafter, node_ceiling=6)
+    # r0: 4 is the drafter's node 0, then 5 6 1 below it; r1: the copy beside the drafter's 7.
+    assert drafts == [[4, 9, 5, 6, 1], [7, 4, 5, 6, 1]] and state.step.free_tokens == 3 + 4
+    assert state.drafts["r0"].parents == [-1, 0, 0, 2, 3] and state.drafts["r1"].parents == [-1, -1, 1, 2, 3]
+    trees = DraftTrees.from_parents(drafts, [state.drafts["r0"].parents, state.drafts["r1"].parents])
+    with state.verifying([5, 5], trees) as verification:
+        # r0 accepted 4 5 6 (the copy's first three), r1 the copy's 4 (not the drafter's 7).
+        verification.num_accepted, verification.num_promoted = [3, 1], [0, 0]
+        verification.accepted_nodes = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])
+    copies = state.free_drafts.policies
+    assert copies["r0"].acceptance_rate == 3 / 4 and copies["r1"].acceptance_rate == 1 / 2
+    assert state.policies["r0"].judged == 4 and state.policies["r1"].judged == 2  # the whole tree, depth 4
+    # The drafter's confidence was worth its first node for r0 only (r1's path began on the copy).
+    assert state.calibration.judged.sum() == 2 and state.calibration.accepted.sum() == 1
+
+
+def test_in_tree_mode_a_request_drafted_from_its_copy_alone_gets_no_drafter_nodes():
+    import torch
+
+    from vllm_adaptivespec.tree import DraftTrees
+
+    # A drafter pass as dear as a target forward: the plan drafts both requests from their copies.
+    state = _free_state(batch=2, draft=0.05, mode="tree")
+    _offer(state)
+    shapes = state.choose_shapes(torch.tensor([0.5, 0.5]), node_ceiling=8, first_pass_seconds=0.05)
+    assert [shape.depth for shape in shapes] == [0, 0]
+    empty = DraftTrees.from_parents([[], []], [[], []])
+    drafts = state.record_drafts(empty, node_ceiling=8)
+    assert drafts == [[4, 5, 6, 1], [4, 5, 6, 1]] and state.drafts["r0"].parents == [-1, 0, 1, 2]
+    with state.verifying([4, 4]) as verification:  # chains: no tree objects
+        verification.num_accepted, verification.num_promoted = [2, 4], [0, 0]
+    assert state.free_drafts.policies["r0"].acceptance_rate == 2 / 3
+    assert state.policies["r0"].judged == 0  # the drafter's history is not touched by copies
+
+
 def test_without_free_drafts_a_row_is_judged_as_the_drafters():
     state = _free_state(batch=1, draft=0.05, free_drafter="off")
     assert state.free_drafts is None

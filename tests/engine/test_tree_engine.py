@@ -2,7 +2,8 @@
 
 Lossless (tau = 1) greedy output must equal plain greedy decoding token for token, at batch 1 and 4,
 over 512 tokens (a wrong KV move or position shows up late), with policy-chosen shapes and with
-shapes drawn at random every step; sampled output must follow the target's distribution.
+shapes drawn at random every step, free branches (copies) in the trees; sampled output must follow the
+target's distribution.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def test_policy_trees_equal_plain_greedy_over_512_tokens(tiny_models, tiny_promp
     assert metrics["vllm:adaptivespec_promoted_tokens"] == 0
     # Wider than chains: more nodes were verified than the trees were deep.
     assert metrics["vllm:spec_decode_num_draft_tokens"] > _depth_sum(metrics)
+    # Free branches (copies of the requests' own text, on by default) were in the trees.
+    assert metrics["vllm:adaptivespec_free_draft_tokens"] > 0
 
 
 @pytest.mark.parametrize("method", ["draft_model", "eagle3"])
@@ -67,6 +70,7 @@ def test_random_tree_shapes_every_step_equal_plain_greedy(tiny_models, tiny_prom
     metrics = result["metrics"]
     assert metrics["vllm:spec_decode_num_draft_tokens"] > 1.5 * _depth_sum(metrics)
     assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert metrics["vllm:adaptivespec_free_draft_tokens"] > 0  # copies beside random drafter trees
 
 
 def test_margin_rule_over_trees_obeys_the_ratio_test(tiny_models, tiny_prompts):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_adaptivespec.policy import TreeShape, tree_capacity
-from vllm_adaptivespec.tree import DraftTrees, TreeBuilder
+from vllm_adaptivespec.tree import DraftTrees, TreeBuilder, merge_chain
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True)
 
@@ -171,3 +171,36 @@ def test_tree_shape_invariants():
         TreeShape(3, 1, 4)  # a width-1 tree holds exactly depth nodes
     with pytest.raises(ValueError):
         TreeShape(3, 2, 2)
+
+
+@FAST
+@given(st.integers(0, 2**31 - 1), st.integers(0, 12), st.lists(st.integers(0, 3), max_size=8), st.integers(0, 16))
+def test_merge_chain_adds_the_chain_as_a_root_path_against_brute_force(seed, max_nodes, chain, limit):
+    # A tree without two siblings of one token (as the drafter builds them: top-k candidates are distinct).
+    rng = random.Random(seed)
+    tokens, parents = random_tree(rng, max_nodes, vocab=4)
+    seen, keep = set(), []
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        if (p, t) not in seen and (p < 0 or p in keep):
+            seen.add((p, t))
+            keep.append(i)
+    index = {old: new for new, old in enumerate(keep)}
+    tokens = [tokens[i] for i in keep]
+    parents = [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+    n = len(tokens)
+    spelled = {tuple(tokens[j] for j in node_path(parents, i)) for i in range(n)}  # every node's root path
+    matched = max((m for m in range(len(chain) + 1) if m == 0 or tuple(chain[:m]) in spelled), default=0)
+
+    new_tokens, new_parents, path = merge_chain(tokens, parents, chain, limit)
+
+    assert new_tokens[:n] == tokens and new_parents[:n] == parents
+    assert all(-1 <= p < i for i, p in enumerate(new_parents))
+    assert len({(p, t) for p, t in zip(new_parents, new_tokens)}) == len(new_tokens)  # no twin siblings
+    assert [new_tokens[i] for i in path] == chain[: len(path)]
+    assert all(new_parents[node] == (path[j - 1] if j else -1) for j, node in enumerate(path))
+    assert len(path) == min(len(chain), matched + max(0, limit - n))
+    assert len(new_tokens) == n + len(path) - min(matched, len(path))
+
+
+def test_merge_chain_worked_example():
+    assert merge_chain([5, 6, 7], [-1, 0, -1], [5, 8, 9], limit=4) == ([5, 6, 7, 8], [-1, 0, -1, 0], [0, 3])

@@ -90,6 +90,9 @@ class Row:
 # vLLM's batch-size schedule for dynamic speculation: (first batch size, last batch size, k).
 DYNAMIC_SCHEDULE = [[1, 1, 6], [2, 4, 4], [5, 1024, 2]]
 
+# The lossy budget's widest settings: margin promotions bounded by tau alone.
+NO_LOSSY_BUDGET = {"max_promotions_per_step": 64, "max_promotions_per_window": 1_000_000, "promotion_min_acceptance": 0.0}
+
 TABLE: tuple[Row, ...] = (
     Row("ar", "ar", None, about="autoregressive target, no speculation"),
     Row("static-k1", "static", _draft(1), depth=1, about="vLLM draft-model speculation, k=1"),
@@ -118,6 +121,9 @@ TABLE: tuple[Row, ...] = (
         per_tau=True, depth=4, about="AdaptiveSpec margin rule at a static depth of 4", lossless_twin="static-k4"),
     Row("adaptive", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8},
         per_tau=True, about="full AdaptiveSpec: shape policy + margin rule", lossless_twin="policy-only"),
+    Row("unguarded", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8, **NO_LOSSY_BUDGET},
+        per_tau=True, about="full AdaptiveSpec with the lossy budget off (promotions limited by nothing but tau): "
+                            "what the guard prevents", lossless_twin="policy-only"),
     Row("static-tree", "static-tree", _draft(8), STATIC_TREE, depth=4,
         about="fixed draft tree (depth 4, width 2, 8 nodes) on AdaptiveSpec's tree path, exact verification"),
     Row("tree-policy-only", "adaptivespec", _draft(24), _tree(tau=1.0, max_depth=8),

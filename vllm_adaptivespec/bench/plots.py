@@ -1,5 +1,6 @@
-"""PNG figures of a run: speed vs tau, accuracy vs tau (HumanEval pass@1, math exact match), and the
-distribution of chosen draft depths (one figure per histogram the plugin exports).
+"""PNG figures of a run: speed vs tau, accuracy vs tau (HumanEval pass@1, math exact match), speed against
+accuracy recovery (one point per tau), and the distribution of chosen draft depths (one figure per histogram
+the plugin exports).
 
 One panel per (workload, batch, temperature). Swept rows are drawn as lines over tau; the point at
 tau = 1 is the row's lossless twin (``policy-only`` for ``adaptive``, ``static-k4`` for ``margin-k4``), and
@@ -161,6 +162,44 @@ def accuracy_vs_tau(data: dict, path: Path, workload: str = "humaneval") -> Path
     return _save(plt, fig, axes, path, f"{title} {label}")
 
 
+def speed_vs_accuracy(data: dict, path: Path) -> Path | None:
+    """What the margin rule buys and costs: per graded panel, each swept row's points (one per tau, the
+    lossless twin at tau 1) at x = tok/s over the run's best stock configuration (over AR where the run lacks
+    the stock set) and y = accuracy recovery (accuracy / AR's), labelled with tau."""
+    panels = {k: v for k, v in _groups(data).items() if any(accuracy_of(c) for c in v.values())}
+    if not panels:
+        return None
+    plt, fig, axes = _figure(len(panels))
+    drawn = False
+    for ax, ((workload, batch, temp), cells) in zip(axes, panels.items()):
+        stock = any((c.get("derived") or {}).get("speedup_vs_best_stock") is not None for c in cells.values())
+        speed_key = "speedup_vs_best_stock" if stock else "speedup_vs_ar"
+        for row in SWEPT:
+            points = []
+            for cell in cells.values():
+                tau = cell.get("tau") if cell.get("row") == row.name else 1.0 if cell.get("config") == row.lossless_twin else None
+                derived = cell.get("derived") or {}
+                if tau is not None and derived.get(speed_key) is not None and derived.get("accuracy_recovery") is not None:
+                    points.append((tau, derived[speed_key], derived["accuracy_recovery"]))
+            if len(points) < 2:
+                continue
+            points.sort(reverse=True)  # lossless first, then lower taus
+            line = ax.plot([p[1] for p in points], [p[2] for p in points], marker="o", label=row.name)[0]
+            for tau, x, y in points:
+                ax.annotate(f"{tau:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize="x-small",
+                            color=line.get_color())
+            drawn = True
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=0.8)
+        ax.axvline(1.0, color="black", linestyle=":", linewidth=0.8)
+        ax.set_xlabel("tok/s / best stock tok/s" if stock else "tok/s / AR tok/s")
+        ax.set_ylabel("accuracy recovery")
+        ax.set_title(f"{workload}, batch {batch}, T={temp:g}", fontsize="medium")
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _save(plt, fig, axes, path, "Speed against accuracy, one point per tau")
+
+
 def histogram_distribution_plot(data: dict, metric: str, path: Path) -> Path | None:
     """Share of request-steps in each bucket of one AdaptiveSpec histogram (``draft_depth``, ...)."""
     groups = {}
@@ -203,6 +242,7 @@ def draw_all(data: dict, directory: Path) -> list[Path]:
         accuracy_vs_tau(data, directory / "math_accuracy_vs_tau.png", "math"),
         *(accuracy_vs_tau(data, directory / f"{workload}_accuracy_vs_tau.png", workload)
           for workload in ("edit", "quote", "mixed")),
+        speed_vs_accuracy(data, directory / "speed_vs_accuracy.png"),
         # draft_depth today; any histogram the plugin adds later (nodes, width) gets its own figure
         *(histogram_distribution_plot(data, metric, directory / f"{metric}_distribution.png")
           for metric in _histogram_metrics(data)),

@@ -40,6 +40,11 @@ DEFINITIONS = """\
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
 - **free**: share of AdaptiveSpec's draft tokens copied from the requests' own text (the free source, no
   drafter pass), `vllm:adaptivespec_free_draft_tokens` / vLLM's draft-token counter.
+- **passes/token**: drafter-model forward passes per generated token: AdaptiveSpec's own count
+  (`vllm:adaptivespec_drafter_passes_total`: a step of copies only, or with speculation off, runs none);
+  stock draft-model speculation at k runs k passes every engine step (k x steps / tokens); n-gram, suffix
+  and the autoregressive target run none. The drafter passes free drafts save show as AdaptiveSpec's
+  figure below stock's at a similar acceptance length.
 - **repeats**: with `--repeats N` every configuration runs N interleaved rounds (A B C A B C); each figure is the
   median over the rounds, and **tok/s spread** / **p50 spread** are max/min - 1 over them (min and max in results.json).
 - **overhead**: for configurations running the plugin, seconds it spent in its own per-step work
@@ -178,8 +183,26 @@ def _row(cell: dict) -> dict[str, str]:
         "same as AR": _pct(match.get("identical")),
         "promoted": "–" if promoted is None else f"{promoted:g}",
         "free": _pct(free / draft_tokens) if free is not None and draft_tokens else "–",
+        "passes/token": _fmt(passes_per_token(cell), 2),
         "overhead": _pct(cell.get("overhead_share"), 1),
     }
+
+
+def passes_per_token(cell: dict) -> float | None:
+    """Drafter-model forward passes per generated token (**passes/token** in the module docstring); None
+    where the run does not tell (vLLM's batch-size schedule changes k from step to step)."""
+    tokens = cell.get("output_tokens")
+    counted = ((cell.get("adaptivespec") or {}).get("drafter_passes") or {}).get("value")
+    if not tokens:
+        return None
+    if counted is not None:
+        return counted / tokens
+    if cell.get("kind") in ("ar", "ngram", "suffix"):
+        return 0.0
+    steps = cell.get("step_latency_ms") or {}
+    if cell.get("kind") == "static" and cell.get("depth") and "decode_steps" in steps:
+        return cell["depth"] * (steps["decode_steps"] + steps.get("prefill_steps", 0)) / tokens
+    return None
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -188,19 +211,21 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
-          "step p99 ms", "accuracy", "recovery", "same as AR", "promoted", "free"]
+          "step p99 ms", "accuracy", "recovery", "same as AR", "promoted", "free", "passes/token"]
 
 
 def columns(data: dict) -> list[str]:
     """`HEADER`, plus the spreads when some cell has several measured repeats and the overhead share when
     some cell recorded one (None included: the plugin ran but exported no overhead counter); the free share
-    only when some cell's plugin counted free draft tokens."""
+    only when some cell's plugin counted free draft tokens, passes per token when it counted drafter passes."""
     header = list(HEADER)
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
     if not any((c.get("derived") or {}).get("best_stock") for c in cells):
         header.remove("x best stock")  # the run lacks part of the stock set: no "best stock" to speak of
     if not any("free_draft_tokens" in (c.get("adaptivespec") or {}) for c in cells):
         header.remove("free")
+    if not any("drafter_passes" in (c.get("adaptivespec") or {}) for c in cells):
+        header.remove("passes/token")  # results from before the plugin counted its drafter passes
     if any((c.get("n_repeats") or 1) > 1 for c in cells):
         header.insert(header.index("tok/s") + 1, "tok/s spread")
         header.insert(header.index("step p50 ms") + 1, "p50 spread")

@@ -77,6 +77,21 @@ class Server:
     def get(self, path: str) -> tuple[int, str]:
         return http_get(self.base_url + path)
 
+    def metrics(self) -> dict[str, float]:
+        """The server's /metrics, each sample summed over its labels (engines, models); a histogram's
+        buckets apart, keyed ``name{le="x"}`` (so ``vllm:m_bucket{le="2.0"}`` counts observations <= 2)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, text = self.get("/metrics")
+        if status != 200:
+            raise ServerFailed(f"{self.name} /metrics answered {status}:\n{text[:300]}")
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = sample.name + (f'{{le="{sample.labels["le"]}"}}' if "le" in sample.labels else "")
+                totals[key] = totals.get(key, 0.0) + sample.value
+        return totals
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 

@@ -20,40 +20,59 @@ Each request's free draft gets its own acceptance estimate, built like the draft
              window, counted as the drafter's are); before its first judged free draft, the pooled
              rate of every request's free drafts (``PooledAcceptance``), else ``prior_acceptance``
     cal(m)   observed acceptance of the first free token at match length m, shrunk toward a_pool
-             while the length has few observations:
+             while the length has few observations (``step_cost.ShrunkAcceptance``):
                  cal(m) = (accepted_m + prior_weight * a_pool) / (judged_m + prior_weight)
     q_i      = w * cal(m_i) + (1 - w) * a_i,   w = ``confidence_weight``
 
 ``step_cost.plan_depths`` then chooses per request between the free draft (L_i tokens, q_i) and the
 drafter (p_i), and runs no drafter pass at all when every draft of the step is free.
 
+Chains: a request drafts either its copy (``apply``: the drafter's row replaced) or the drafter's chain.
+Trees: a request the plan drafts from its copy gets the copy alone, as a chain; every other request with
+a copy gets it as one more branch of its drafter tree (``add_branches``: ``tree.merge_chain``, sharing
+the nodes the drafter drafted too, within vLLM's draft slots), so one margin verification judges both
+sources and the copy costs verification rows but no drafter pass. The copy's estimates learn from the
+accepted path's common prefix with the copy's own path.
+
 Lifecycle of a free draft, all on this object (the runner's ``AdaptiveState`` holds it):
 ``offer`` (every propose: the batch's candidate drafts) -> ``choose`` (the plan took request i's
-first d_i tokens) -> ``apply`` (the proposer's drafts, free rows replaced; the rows sent for
-verification are remembered) -> ``judged`` (the sampler's outcome, fed to the source's estimates).
+first d_i tokens) -> ``apply`` / ``add_branches`` (into the proposer's drafts; the rows sent for
+verification are remembered as ``FreeBranch``) -> ``judged`` (the sampler's outcome, fed to the
+source's estimates).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.policy import PolicyBank
-from vllm_adaptivespec.step_cost import PooledAcceptance
+from vllm_adaptivespec.step_cost import PooledAcceptance, ShrunkAcceptance
+from vllm_adaptivespec.tree import merge_chain
+
+
+@dataclass(frozen=True)
+class FreeBranch:
+    """A copy sent for verification: its match length bin, the node of each copied token in the request's
+    draft (chains: 0..n-1), and how many nodes the drafter drafted before it (0: the draft is the copy alone)."""
+
+    length: int
+    path: list[int]
+    drafter_nodes: int = 0
 
 
 class FreeDrafts:
     def __init__(self, config: AdaptiveSpecConfig, max_model_len: int, prior_weight: float = 8.0):
         self.source = NgramSource(config, max_model_len) if config.free_drafter == "ngram" else SuffixSource()
         self.config = config
-        self.prior_weight = prior_weight
         self.policies = PolicyBank(config)  # per request: the rolling acceptance of its free drafts
         self.pooled = PooledAcceptance()
-        self._judged = np.zeros(MAX_MATCH_BIN + 1)  # per match length (longer ones in the last bin): first tokens judged
-        self._accepted = np.zeros(MAX_MATCH_BIN + 1)  # ... and accepted
+        self.calibration = ShrunkAcceptance(MAX_MATCH_BIN + 1, prior_weight)  # per match length (longer: last bin)
         self.offers: dict[str, tuple[list[int], int]] = {}  # this step's candidates: (tokens, match length)
         self.chosen: dict[str, int] = {}  # requests the plan drafts from their offer: tokens taken
-        self.judging: dict[str, int] = {}  # requests whose scheduled draft is free: its match length bin
+        self.judging: dict[str, FreeBranch] = {}  # requests whose scheduled draft holds a copy
 
     def offer(self, req_ids: list[str], histories: list[np.ndarray | None], prompt_lens: list[int], k: int) -> None:
         """This step's candidate drafts from each request's history ([n] int32: prompt, output, the token just
@@ -77,8 +96,7 @@ class FreeDrafts:
                 continue
             policy = self.policies[rid]
             history = prior if policy.judged == 0 else policy.acceptance_rate
-            calibrated = (self._accepted[length] + self.prior_weight * prior) / (self._judged[length] + self.prior_weight)
-            out.append((len(tokens), w * float(calibrated) + (1.0 - w) * history))
+            out.append((len(tokens), w * self.calibration.rate(length, prior) + (1.0 - w) * history))
         return out
 
     def choose(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
@@ -86,31 +104,56 @@ class FreeDrafts:
         self.chosen = {rid: d for rid, d, f in zip(req_ids, depths, free or []) if f and d > 0}
 
     def apply(self, req_ids: list[str], drafts: list[list[int]]) -> int:
-        """Put the chosen free drafts in place of the rows' drafter drafts (in place); returns how many
-        free tokens were drafted. Remembers which rows go to verification with a free draft."""
+        """Chains: put the chosen free drafts in place of the rows' drafter drafts (in place); returns how
+        many free tokens were drafted. Remembers which rows go to verification with a free draft."""
         tokens = 0
         for row, rid in enumerate(req_ids):
             take = self.chosen.get(rid, 0)
             if take:
                 draft, length = self.offers[rid]
                 drafts[row] = draft[:take]
-                self.judging[rid] = length
+                self.judging[rid] = FreeBranch(length, list(range(take)))
                 tokens += take
             else:
                 self.judging.pop(rid, None)
         self.chosen = {}
         return tokens
 
-    def judged(self, rid: str, drafted: int, accepted: int, promoted: int) -> bool:
-        """Feed a verified draft's outcome to the free source's estimates if the draft was free."""
-        length = self.judging.pop(rid, None)
-        if length is None:
-            return False
-        self.policies[rid].observe(drafted, accepted, promoted)
-        self.pooled.observe(drafted, accepted)
-        self._judged[length] += 1
-        self._accepted[length] += accepted >= 1
-        return True
+    def add_branches(self, req_ids: list[str], tokens: list[list[int]], parents: list[list[int]], limit: int) -> int:
+        """Trees: each row's copy added to its drafter tree (in place, ``tree.merge_chain``, at most ``limit``
+        nodes a row): the chosen first d_i tokens where the plan drafts the row from its copy (its drafter tree
+        is empty then), the whole copy elsewhere. Returns how many nodes the copies added."""
+        added = 0
+        for row, rid in enumerate(req_ids):
+            offer, length = self.offers.get(rid, ([], 0))
+            chain = offer[: self.chosen[rid]] if rid in self.chosen else offer
+            if not chain:
+                self.judging.pop(rid, None)
+                continue
+            drafter_nodes = len(tokens[row])
+            tokens[row], parents[row], path = merge_chain(tokens[row], parents[row], chain, limit)
+            if path:
+                self.judging[rid] = FreeBranch(length, path, drafter_nodes)
+                added += len(tokens[row]) - drafter_nodes
+            else:
+                self.judging.pop(rid, None)
+        self.chosen = {}
+        return added
+
+    def judged(self, rid: str, accepted_nodes: list[int], promoted: int) -> FreeBranch | None:
+        """Feed a verified draft's outcome (``accepted_nodes``: the accepted path's nodes, in order) to the
+        free source's estimates if the draft held a copy; returns that copy's ``FreeBranch``, else None. The
+        copy's own outcome is the accepted path's common prefix with the copy's path."""
+        branch = self.judging.pop(rid, None)
+        if branch is None:
+            return None
+        accepted = 0
+        while accepted < min(len(accepted_nodes), len(branch.path)) and accepted_nodes[accepted] == branch.path[accepted]:
+            accepted += 1
+        self.policies[rid].observe(len(branch.path), accepted, min(promoted, accepted))
+        self.pooled.observe(len(branch.path), accepted)
+        self.calibration.observe(branch.length, accepted >= 1)
+        return branch
 
     def free(self, rid: str) -> None:
         self.source.free(rid)

@@ -20,11 +20,15 @@ DEPTH = "vllm:adaptivespec_draft_depth"
 DRAFT_COST = "vllm:adaptivespec_draft_cost"
 OVERHEAD = "vllm:adaptivespec_overhead_seconds"
 FREE = "vllm:adaptivespec_free_draft_tokens"
+STEP_PROMOTIONS = "vllm:adaptivespec_request_step_promotions"
+DRAFTER_PASSES = "vllm:adaptivespec_drafter_passes"
 _EXTRA_FIELDS = {
     "adaptivespec_overhead_seconds": (float, 0.0),
     "adaptivespec_promoted": (int, 0),
     "adaptivespec_free_tokens": (int, 0),
+    "adaptivespec_drafter_passes": (int, 0),
     "adaptivespec_depth_counts": (list[int], None),
+    "adaptivespec_promotion_counts": (list[int], None),
     "adaptivespec_draft_cost": (float, -1.0),  # -1: not known in this step
 }
 
@@ -40,14 +44,22 @@ def add_step_stats(spec_decoding_stats, step) -> None:
     spec_decoding_stats.adaptivespec_promoted = spec_decoding_stats.adaptivespec_promoted + step.promoted
     spec_decoding_stats.adaptivespec_overhead_seconds += step.overhead_seconds
     spec_decoding_stats.adaptivespec_free_tokens += step.free_tokens
-    counts = list(spec_decoding_stats.adaptivespec_depth_counts or [])
-    for depth, n in enumerate(step.depth_counts):
-        if depth >= len(counts):
-            counts.extend([0] * (depth + 1 - len(counts)))
-        counts[depth] += n
-    spec_decoding_stats.adaptivespec_depth_counts = counts
+    spec_decoding_stats.adaptivespec_drafter_passes += step.drafter_passes
+    spec_decoding_stats.adaptivespec_depth_counts = _summed(
+        spec_decoding_stats.adaptivespec_depth_counts, step.depth_counts)
+    spec_decoding_stats.adaptivespec_promotion_counts = _summed(
+        spec_decoding_stats.adaptivespec_promotion_counts, step.promotion_counts)
     if step.draft_cost is not None:
         spec_decoding_stats.adaptivespec_draft_cost = step.draft_cost
+
+
+def _summed(counts: list[int] | None, more: list[int]) -> list[int]:
+    """Two by-index histograms added, the shorter one padded with zeros."""
+    total = list(counts or [])
+    total.extend([0] * (len(more) - len(total)))
+    for i, n in enumerate(more):
+        total[i] += n
+    return total
 
 
 class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
@@ -87,6 +99,15 @@ class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
             ),
             per_engine_labelvalues,
         )
+        self.adaptivespec_drafter_passes = create_metric_per_engine(
+            prometheus_client.Counter(
+                name=DRAFTER_PASSES,
+                documentation="Forward passes of the drafter model AdaptiveSpec ran (a step that drafted only "
+                "copies, or none, ran none).",
+                labelnames=labelnames,
+            ),
+            per_engine_labelvalues,
+        )
         max_depth = int(speculative_config.num_speculative_tokens)
         self.adaptivespec_depth = create_metric_per_engine(
             prometheus_client.Histogram(
@@ -94,6 +115,16 @@ class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
                 documentation="Draft depth AdaptiveSpec's policy chose per request and step.",
                 labelnames=labelnames,
                 buckets=[float(d) for d in range(max_depth + 1)],
+            ),
+            per_engine_labelvalues,
+        )
+        self.adaptivespec_step_promotions = create_metric_per_engine(
+            prometheus_client.Histogram(
+                name=STEP_PROMOTIONS,
+                documentation="Margin promotions in one request's verified draft, per request and step "
+                "(bounded by max_promotions_per_step).",
+                labelnames=labelnames,
+                buckets=[float(n) for n in range(max_depth + 1)],
             ),
             per_engine_labelvalues,
         )
@@ -116,10 +147,13 @@ class SpecDecodingPromPatch(VllmPatch[vllm_sd_metrics.SpecDecodingProm]):
         self.adaptivespec_promoted[engine_idx].inc(spec_decoding_stats.adaptivespec_promoted)
         self.adaptivespec_overhead[engine_idx].inc(spec_decoding_stats.adaptivespec_overhead_seconds)
         self.adaptivespec_free[engine_idx].inc(spec_decoding_stats.adaptivespec_free_tokens)
-        histogram = self.adaptivespec_depth[engine_idx]
-        for depth, n in enumerate(spec_decoding_stats.adaptivespec_depth_counts or []):
-            for _ in range(n):
-                histogram.observe(depth)
+        self.adaptivespec_drafter_passes[engine_idx].inc(spec_decoding_stats.adaptivespec_drafter_passes)
+        for histogram, counts in ((self.adaptivespec_depth[engine_idx], spec_decoding_stats.adaptivespec_depth_counts),
+                                  (self.adaptivespec_step_promotions[engine_idx],
+                                   spec_decoding_stats.adaptivespec_promotion_counts)):
+            for value, n in enumerate(counts or []):
+                for _ in range(n):
+                    histogram.observe(value)
         if spec_decoding_stats.adaptivespec_draft_cost >= 0:
             self.adaptivespec_draft_cost[engine_idx].set(spec_decoding_stats.adaptivespec_draft_cost)
 

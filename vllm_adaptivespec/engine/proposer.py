@@ -260,7 +260,7 @@ class AdaptiveProposerMixin:
         root_position = self.positions[sample_rows]
         trees = self._grow(last[sample_rows], hidden[sample_rows], root_position, attn, num_speculative_tokens)
         started = time.perf_counter()
-        drafts = self.adaptive_state.record_drafts(trees)  # reads the tokens: the device has finished
+        drafts = self.adaptive_state.record_drafts(trees, num_speculative_tokens)  # reads the tokens: the device has finished
         self.adaptive_state.charge(started)
         return drafts, max(1, trees.max_depth)  # the first pass drafts level 1, one more pass per further level
 
@@ -312,6 +312,8 @@ class AdaptiveProposerMixin:
         shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling, first_pass_seconds)
         builder = TreeBuilder(shapes, device=device)
         self.adaptive_state.charge(started)
+        if builder.done:  # no request drafts from the drafter this step (copies only, or none)
+            return builder.finish()
         width = builder.max_width
         tokens, logprobs, _ = top_candidates(logits, width, log_norm)  # one logsumexp for both
         builder.add_level(tokens[:, None, :], logprobs[:, None, :])

@@ -37,15 +37,26 @@ class StepStats:
 
     promoted: int = 0
     free_tokens: int = 0  # draft tokens copied from the requests' own text (no drafter pass)
+    drafter_passes: int = 0  # forward passes of the drafter model this step (0: it was skipped)
     depth_counts: list[int] = field(default_factory=list)  # index = chosen depth
+    promotion_counts: list[int] = field(default_factory=list)  # index = promotions in one request's verified draft
     draft_cost: float | None = None  # the drafter cost the policy priced depth with this step
     overhead_seconds: float = 0.0  # the plugin's own work this step (policy, bookkeeping, margin verification)
 
     def add_depths(self, depths: Iterable[int]) -> None:
-        for depth in depths:
-            if depth >= len(self.depth_counts):
-                self.depth_counts.extend([0] * (depth + 1 - len(self.depth_counts)))
-            self.depth_counts[depth] += 1
+        add_counts(self.depth_counts, depths)
+
+    def add_promotions(self, promotions: Iterable[int]) -> None:
+        add_counts(self.promotion_counts, promotions)
+
+
+def add_counts(counts: list[int], values: Iterable[int]) -> list[int]:
+    """Histogram by index, in place: ``counts[v] += 1`` for each value, growing ``counts`` as needed."""
+    for value in values:
+        if value >= len(counts):
+            counts.extend([0] * (value + 1 - len(counts)))
+        counts[value] += 1
+    return counts
 
 
 @dataclass(frozen=True)
@@ -101,10 +112,10 @@ class AdaptiveState:
         self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
-        # The second draft source (chain mode): drafts copied from the request's own text, no drafter pass.
+        # The second draft source: drafts copied from the request's own text, no drafter pass.
         self.free_drafts = (
             FreeDrafts(config, getattr(runner, "max_model_len", 1 << 30))
-            if config.free_drafter != "off" and config.mode == "chain"
+            if config.free_drafter != "off"
             else None
         )
         self.confidence: dict[str, float] = {}  # each request's drafter confidence, until its draft is verified
@@ -143,7 +154,9 @@ class AdaptiveState:
         measured step costs, depth 0 allowed, each request's free draft (``offer_free_drafts``) a second
         source; a request drafting from it gets depth 0 here (no drafter pass for it) and its copy later
         (``with_free_drafts``); a request due a probe drafts at least ``min_depth`` from the drafter.
-        Trees, and chains until the cost model is measured: each request's policy, at most
+        Trees, and chains until the cost model is measured: a request the plan drafts from its free draft
+        alone (trees, with the free source) gets depth 0 here and its copy as a chain later; every other
+        request its policy's shape, at most
         ``node_ceiling`` nodes (what vLLM's draft buffers hold) and no more than the measured
         verification cost says pay off (``VerifyCost.node_cap``), but never below ``min_nodes`` (so a
         pinned shape stays pinned); depth priced by the measured drafter cost."""
@@ -155,7 +168,8 @@ class AdaptiveState:
         draft_cost = self.config.draft_cost if measured is None else measured
         self.step.draft_cost = draft_cost
         plan = None
-        if self._random_shapes is None and self.config.mode == "chain" and self.planned:
+        chains = self.config.mode == "chain"
+        if self._random_shapes is None and self.planned and (chains or self.free_drafts is not None):
             plan = plan_depths(
                 self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
                 min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off,
@@ -165,7 +179,7 @@ class AdaptiveState:
         free_rows = [False] * batch
         if self._random_shapes is not None:
             shapes = [self._random_shape(node_ceiling) for _ in req_ids]
-        elif plan is not None:
+        elif plan is not None and chains:
             floor = min(self.config.min_depth, node_ceiling)
             free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
             self._choose_free(req_ids, plan.depths, free_rows)
@@ -175,13 +189,17 @@ class AdaptiveState:
             ]
             shapes = [TreeShape(depth, 1, depth) for depth in depths]
         else:
+            if plan is not None:  # trees: the plan says only which requests draft from their copy alone
+                free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
+                self._choose_free(req_ids, plan.depths, free_rows)
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
             cap = min(node_ceiling, max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling)))
             shapes = [
-                policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
-                for row, policy in enumerate(policies)
-            ]
+                TreeShape(0, 1, 0) if free
+                else policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
+                for row, (policy, free) in enumerate(zip(policies, free_rows))
+            ]  # fmt: skip
         if self.behind:  # their drafter KV has a hole this pass: their drafts would be guesses
             shapes = [TreeShape(0, 1, 0) if rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
         for rid, shape in zip(req_ids, shapes):
@@ -223,9 +241,11 @@ class AdaptiveState:
         self.free_drafts.offer(self.request_ids(), histories, prompt_lens, k)
 
     def with_free_drafts(self, drafts: list[list[int]]) -> list[list[int]]:
-        """The proposer's drafts with the rows the plan drafts from their free drafts replaced."""
+        """The proposer's drafts with the rows the plan drafts from their free drafts replaced (all chains:
+        no tree recorded earlier stays to be read as these drafts' parents)."""
         if self.free_drafts is not None:
             self.step.free_tokens += self.free_drafts.apply(self.request_ids(), drafts)
+        self.drafts.clear()
         self._pending_empty = not any(drafts)
         return drafts
 
@@ -274,6 +294,8 @@ class AdaptiveState:
         free_depths = [0] * len(req_ids)
         if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
+        elif self._random_shapes is not None:  # debug knob: a random drafter shape every step, so the drafter runs
+            off = False
         elif not cfg.allow_off or not self.planned:
             off = False
         elif self.off_streak and req_ids == self._off_batch:  # nothing was verified since: same decision
@@ -356,6 +378,7 @@ class AdaptiveState:
         if passes > 1:
             self.step_costs.draft_pass.observe(len(drafts), (seconds - first_seconds) / (passes - 1))
         self._step_draft_seconds += seconds
+        self.step.drafter_passes += passes
         self._pending_passes, self._pending_empty = passes, not any(drafts)
 
     def _random_shape(self, node_ceiling: int) -> TreeShape:
@@ -365,14 +388,18 @@ class AdaptiveState:
         nodes = rng.randint(depth, min(cfg.max_nodes, node_ceiling, tree_capacity(depth, width)))
         return TreeShape(depth, width, nodes)
 
-    def record_drafts(self, trees: DraftTrees) -> list[list[int]]:
-        """Remember each row's tree until vLLM schedules it; return the flattened token lists."""
-        tokens, parents, counts = trees.tokens.tolist(), trees.parents.tolist(), trees.num_nodes.tolist()
-        drafts = []
-        for rid, row_tokens, row_parents, n in zip(self.request_ids(), tokens, parents, counts):
-            self.drafts[rid] = DraftRecord(row_tokens[:n], row_parents[:n])
-            drafts.append(row_tokens[:n])
-        return drafts
+    def record_drafts(self, trees: DraftTrees, node_ceiling: int) -> list[list[int]]:
+        """Each row's tree, with its free draft as one more branch where it has one (``FreeDrafts.add_branches``,
+        at most ``node_ceiling`` nodes), remembered until vLLM schedules it; returns the flattened token lists."""
+        counts = trees.num_nodes.tolist()
+        tokens = [row[:n] for row, n in zip(trees.tokens.tolist(), counts)]
+        parents = [row[:n] for row, n in zip(trees.parents.tolist(), counts)]
+        req_ids = self.request_ids()
+        if self.free_drafts is not None and self.planned:  # a pinned shape stays the drafter's, as in chain mode
+            self.step.free_tokens += self.free_drafts.add_branches(req_ids, tokens, parents, node_ceiling)
+        for rid, row_tokens, row_parents in zip(req_ids, tokens, parents):
+            self.drafts[rid] = DraftRecord(row_tokens, row_parents)
+        return tokens
 
     def scheduled_parents(self, req_id: str, scheduled: list[int]) -> list[int]:
         """Parents of the drafts vLLM scheduled for ``req_id``: a prefix of the recorded tree (the
@@ -408,20 +435,26 @@ class AdaptiveState:
             started = time.perf_counter()
             done = self.verification
             if done.num_accepted is not None:
-                for rid, drafted, depth, accepted, promoted in zip(
+                paths = None if done.accepted_nodes is None else done.accepted_nodes.tolist()
+                for row, (rid, drafted, depth, accepted, promoted) in enumerate(zip(
                     req_ids, done.num_draft_tokens, done.depths(), done.num_accepted, done.num_promoted
-                ):
+                )):  # fmt: skip
                     if not drafted:
                         continue
                     confidence = self.confidence.pop(rid, None)
-                    if self.free_drafts is not None and self.free_drafts.judged(rid, depth, accepted, promoted):
+                    nodes = list(range(accepted)) if paths is None else paths[row][:accepted]
+                    copy = None if self.free_drafts is None else self.free_drafts.judged(rid, nodes, promoted)
+                    if copy is not None and copy.drafter_nodes == 0:
                         self.policies[rid].observe_promotions(promoted)  # the lossy budget is the request's
                         continue  # a free draft: its source's estimates, not the drafter's
+                    # The request's history: its whole draft (a tree's copy branch included); the drafter's
+                    # confidence: whether the path's first node was the drafter's.
                     self.policies[rid].observe(depth, accepted, promoted)
                     self.pooled.observe(depth, accepted)
                     if confidence is not None:
-                        self.calibration.observe(confidence, accepted >= 1)
+                        self.calibration.observe(confidence, accepted >= 1 and (copy is None or nodes[0] < copy.drafter_nodes))
                 self.step.promoted += sum(done.num_promoted)
+                self.step.add_promotions(p for p, drafted in zip(done.num_promoted, done.num_draft_tokens) if drafted)
                 if self.step_log is not None:
                     self.step_log.append({"drafted": list(done.num_draft_tokens), "accepted": list(done.num_accepted),
                                           "passes": self._pending_passes})

@@ -192,6 +192,15 @@ def write_draft(target_dir: Path, out_dir: Path, *, layers: int = 1) -> Path:
     return out_dir
 
 
+def write_disagreeing_draft(out_dir: Path, *, seed: int = 0, layer_std: float = 0.1) -> Path:
+    """A drafter for ``write_target(seed=seed)`` made to disagree: the target's embedding and head (drawn
+    first from the same seed) around one layer of its own that moves the residual stream 5x more than the
+    target's layers do. On random contexts it picks the target's top token about 1 time in 5, and most of
+    its other picks are within a 0.3 margin of the target's top token, so a margin rule at tau 0.3 would promote
+    several tokens a step if nothing bounded it."""
+    return write_target(Path(out_dir), seed=seed, layers=1, layer_std=layer_std)
+
+
 def write_eagle3(target_dir: Path, out_dir: Path, *, draft_vocab_size: int | None = 384,
                  attention_scale: float = 4.0) -> Path:
     """An EAGLE-3 head for ``target_dir`` in the layout vLLM's ``Eagle3LlamaForCausalLM`` loads.
