@@ -164,7 +164,7 @@ def _row(cell: dict) -> dict[str, str]:
     accuracy = accuracy_of(cell)
     match = cell.get("match_vs_ar") or {}
     promoted = (cell.get("adaptivespec") or {}).get("promoted_tokens", {}).get("value")
-    free = (cell.get("adaptivespec") or {}).get("free_draft_tokens", {}).get("value")
+    free = _plugin_count(cell, "free_draft_tokens")
     draft_tokens = spec.get("num_draft_tokens")
     return {
         "config": f"`{cell['config']}`",
@@ -188,11 +188,19 @@ def _row(cell: dict) -> dict[str, str]:
     }
 
 
+def _plugin_count(cell: dict, name: str) -> float | None:
+    """A counter of the plugin's (``vllm:adaptivespec_<name>``) where the cell ran it; stock rows export the
+    plugin's counters too (installed, not asked for), at zero, which says nothing about them."""
+    if cell.get("kind") not in ("adaptivespec", "static-tree"):
+        return None
+    return ((cell.get("adaptivespec") or {}).get(name) or {}).get("value")
+
+
 def passes_per_token(cell: dict) -> float | None:
     """Drafter-model forward passes per generated token (**passes/token** in the module docstring); None
     where the run does not tell (vLLM's batch-size schedule changes k from step to step)."""
     tokens = cell.get("output_tokens")
-    counted = ((cell.get("adaptivespec") or {}).get("drafter_passes") or {}).get("value")
+    counted = _plugin_count(cell, "drafter_passes")
     if not tokens:
         return None
     if counted is not None:
