@@ -176,13 +176,10 @@ class SpecDecodingLoggingPatch(VllmPatch[vllm_sd_metrics.SpecDecodingLogging]):
         self.adaptivespec_free_tokens += spec_decoding_stats.adaptivespec_free_tokens
         if spec_decoding_stats.adaptivespec_draft_cost >= 0:
             self.adaptivespec_draft_cost = spec_decoding_stats.adaptivespec_draft_cost
-        counts = np.asarray(spec_decoding_stats.adaptivespec_depth_counts or [], dtype=np.int64)
-        if counts.size:
-            size = max(counts.size, self.adaptivespec_depth_counts.size)
-            total = np.zeros(size, dtype=np.int64)
-            total[: counts.size] += counts
-            total[: self.adaptivespec_depth_counts.size] += self.adaptivespec_depth_counts
-            self.adaptivespec_depth_counts = total
+        if spec_decoding_stats.adaptivespec_depth_counts:
+            self.adaptivespec_depth_counts = np.asarray(
+                _summed(self.adaptivespec_depth_counts.tolist(), spec_decoding_stats.adaptivespec_depth_counts),
+                dtype=np.int64)
 
     def log(self, log_fn=vllm_sd_metrics.logger.info):
         """append AdaptiveSpec figures to vLLM's spec-decode log line"""

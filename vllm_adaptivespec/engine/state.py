@@ -177,21 +177,19 @@ class AdaptiveState:
                 free=self._free_estimates(req_ids),
             )  # fmt: skip
         free_rows = [False] * batch
+        if plan is not None:  # the requests it drafts from their copy alone (a request due a probe: the drafter)
+            free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
+            self._choose_free(req_ids, plan.depths, free_rows)
         if self._random_shapes is not None:
             shapes = [self._random_shape(node_ceiling) for _ in req_ids]
         elif plan is not None and chains:
             floor = min(self.config.min_depth, node_ceiling)
-            free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
-            self._choose_free(req_ids, plan.depths, free_rows)
             depths = [
                 0 if free else max(depth, floor) if self._must_probe(rid) else depth
                 for rid, depth, free in zip(req_ids, plan.depths, free_rows)
             ]
             shapes = [TreeShape(depth, 1, depth) for depth in depths]
-        else:
-            if plan is not None:  # trees: the plan says only which requests draft from their copy alone
-                free_rows = [f and not self._must_probe(rid) for rid, f in zip(req_ids, plan.free or free_rows)]
-                self._choose_free(req_ids, plan.depths, free_rows)
+        else:  # trees (the plan, if any, chose only the copy-alone rows), and chains before the costs are measured
             policies = [self.policies[rid] for rid in req_ids]
             acceptance = sum(p.acceptance_rate for p in policies) / max(1, batch)
             cap = min(node_ceiling, max(self.config.min_nodes, self.cost.node_cap(batch, acceptance, node_ceiling)))
