@@ -50,15 +50,18 @@ def _figure(n: int, max_cols: int = 4):
     return plt, fig, list(axes.flat[:n])
 
 
+def _swept_cells(cells: dict[str, dict], row) -> list[tuple[float, dict]]:
+    """A swept row's cells of one panel as (tau, cell), its lossless twin at tau 1."""
+    points = [(c["tau"], c) for c in cells.values() if c.get("row") == row.name and c.get("tau") is not None]
+    twin = cells.get(row.lossless_twin or "")
+    return points + ([(1.0, twin)] if twin is not None else [])
+
+
 def _tau_panel(ax, cells: dict[str, dict], value, ylabel: str) -> bool:
     """Swept rows as lines over tau plus reference lines; False when the panel has nothing."""
     drawn = False
     for row in SWEPT:
-        points = [(c["tau"], value(c)) for c in cells.values() if c.get("row") == row.name]
-        twin = cells.get(row.lossless_twin or "")
-        if twin is not None:
-            points.append((1.0, value(twin)))
-        points = sorted((t, v) for t, v in points if t is not None and v is not None)
+        points = sorted((t, value(c)) for t, c in _swept_cells(cells, row) if value(c) is not None)
         if points:
             ax.plot(*zip(*points), marker="o", label=row.name)
             drawn = True
@@ -176,10 +179,9 @@ def speed_vs_accuracy(data: dict, path: Path) -> Path | None:
         speed_key = "speedup_vs_best_stock" if stock else "speedup_vs_ar"
         for row in SWEPT:
             points = []
-            for cell in cells.values():
-                tau = cell.get("tau") if cell.get("row") == row.name else 1.0 if cell.get("config") == row.lossless_twin else None
+            for tau, cell in _swept_cells(cells, row):
                 derived = cell.get("derived") or {}
-                if tau is not None and derived.get(speed_key) is not None and derived.get("accuracy_recovery") is not None:
+                if derived.get(speed_key) is not None and derived.get("accuracy_recovery") is not None:
                     points.append((tau, derived[speed_key], derived["accuracy_recovery"]))
             if len(points) < 2:
                 continue
