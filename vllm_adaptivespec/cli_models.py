@@ -27,7 +27,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = commands.add_parser("prepare", help="download, verify and convert a pair (idempotent)")
     p.add_argument("--pair", choices=sorted(PAIRS), default=DEFAULT_PAIR)
     p.add_argument("--drafter-layers", type=int, default=None, metavar="L",
-                   help="for a layer-prefix drafter (smollm2): how many target layers it keeps")
+                   help="a drafter of the first L layers: of the target (smollm2, whose drafter is a layer prefix), "
+                        "or of the pair's own drafter (qwen-coder: a drafter weakened on purpose, which "
+                        "disagrees often; for fidelity benchmarks)")
     p.set_defaults(models_handler=_prepare)
 
     p = commands.add_parser("list", help="the pairs and whether they are prepared")

@@ -139,3 +139,46 @@ def test_list_shows_every_pair(tmp_path, monkeypatch, capsys):
     assert cli_models.main(["list"]) == 0
     out = capsys.readouterr().out
     assert "qwen-coder (default)" in out and "smollm2" in out and "not prepared" in out
+
+
+def test_drafter_layers_on_a_pair_with_its_own_drafter_cut_that_drafter(index, wheels, tmp_path, monkeypatch):
+    """`--drafter-layers L` on a pair whose drafter is a model of its own (qwen-coder) cuts that drafter's
+    first L layers (a drafter weakened on purpose), after building the whole drafter; the target is untouched."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vllm_adaptivespec.models.specs import ModelPair
+
+    def model(name, data):
+        return GGUFModel(name, write_chunked_wheels(index, f"{name}-part", data, 1), hashlib.sha256(data).hexdigest(),
+                         len(data))
+
+    target_data, drafter_data = b"\x01" + os.urandom(500), b"\x02" + os.urandom(400)
+    target, drafter = model("faketarget", target_data), model("fakedrafter", drafter_data)
+
+    def convert(gguf, out_dir, dtype="bfloat16"):  # a 3-layer checkpoint, its embedding marked by its GGUF
+        layers = 3
+        marker = float(gguf.read_bytes()[0])
+        tensors = {"model.embed_tokens.weight": torch.full((4, 2), marker), "model.norm.weight": torch.ones(2)}
+        tensors.update({f"model.layers.{i}.mlp.weight": torch.full((2, 2), float(i)) for i in range(layers)})
+        save_file(tensors, str(out_dir / "model.safetensors"))
+        (out_dir / "config.json").write_text(json.dumps({"architectures": ["Fake"], "num_hidden_layers": layers}))
+        return {"architecture": "Fake", "num_hidden_layers": layers}
+
+    pair = ModelPair("fakepair", "test pair", target, drafter)
+    monkeypatch.setattr(build_module, "get_pair", lambda name: pair)
+    monkeypatch.setattr(build_module, "gguf_to_safetensors", convert)
+    monkeypatch.setattr(build_module, "WheelCache", lambda directory, pip_args: wheels)
+    prepared = build_module.prepare("fakepair", root=tmp_path, drafter_layers=2)
+
+    assert prepared.drafter == tmp_path / "models" / "fakepair" / "drafter-l2"
+    assert (tmp_path / "models" / "fakepair" / "drafter" / "model.safetensors").exists()  # the whole drafter
+    assert json.loads((prepared.drafter / "config.json").read_text())["num_hidden_layers"] == 2
+    with safe_open(str(prepared.drafter / "model.safetensors"), framework="pt") as f:
+        assert sorted(k for k in f.keys() if ".layers." in k) == ["model.layers.0.mlp.weight",
+                                                                     "model.layers.1.mlp.weight"]
+        assert f.get_tensor("model.embed_tokens.weight")[0, 0].item() == 2.0  # cut from the drafter, not the target
+    source = read_manifest(prepared.drafter)["source"]
+    assert source == {"kind": "layer-prefix", "of": drafter.sha256, "layers": 2, "cut_from": "drafter"}
+    assert model_path("fakepair", "drafter", root=tmp_path, drafter_layers=2) == prepared.drafter

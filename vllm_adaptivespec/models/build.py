@@ -5,7 +5,8 @@ Layout under the cache root (see `store.cache_root`)::
     wheels/                          the downloaded wheels, kept so rebuilds need no network
     models/<pair>/target/            dense bf16 checkpoint + tokenizer + manifest
     models/<pair>/drafter/           same, for a GGUF drafter
-    models/<pair>/drafter-l<L>/      a layer-prefix drafter cut from the target
+    models/<pair>/drafter-l<L>/      a layer-prefix drafter: the target's first L layers (smollm2), or the
+                                     pair's own drafter's (a drafter weakened on purpose)
 
 The assembled GGUF is a temporary file inside the build directory and is gone
 once the checkpoint is written (it can be rebuilt from the wheels in seconds).
@@ -38,10 +39,13 @@ class PreparedPair:
 def drafter_spec(pair: ModelPair, drafter_layers: int | None) -> GGUFModel | LayerPrefixModel:
     if drafter_layers is None:
         return pair.drafter
-    if not isinstance(pair.drafter, LayerPrefixModel):
-        raise ModelPrepareError(f"pair {pair.name!r} has its own drafter model; --drafter-layers "
-                                f"applies only to pairs whose drafter is a layer prefix of the target")
-    return LayerPrefixModel(layers=drafter_layers)
+    # A layer-prefix pair cuts its target; a pair with its own drafter cuts that drafter (weakened on purpose).
+    return LayerPrefixModel(layers=drafter_layers, of="target" if isinstance(pair.drafter, LayerPrefixModel) else "drafter")
+
+
+def _cut_from(pair: ModelPair, spec: LayerPrefixModel) -> GGUFModel:
+    """The GGUF model a layer-prefix drafter of ``pair`` is cut from."""
+    return pair.target if spec.of == "target" else pair.drafter
 
 
 def role_dir(pair: ModelPair, role: str, root: Path, drafter_layers: int | None = None) -> Path:
@@ -59,7 +63,7 @@ def role_source(pair: ModelPair, role: str, drafter_layers: int | None = None) -
     if role == "target":
         return pair.target.source()
     spec = drafter_spec(pair, drafter_layers)
-    return spec.source(pair.target) if isinstance(spec, LayerPrefixModel) else spec.source()
+    return spec.source(_cut_from(pair, spec)) if isinstance(spec, LayerPrefixModel) else spec.source()
 
 
 def model_path(pair_name: str, role: str = "target", *, root: Path | None = None,
@@ -98,13 +102,14 @@ def build_gguf_model(model: GGUFModel, final: Path, wheels: WheelCache) -> Path:
     return final
 
 
-def build_layer_prefix(spec: LayerPrefixModel, target_dir: Path, source: dict, final: Path) -> Path:
+def build_layer_prefix(spec: LayerPrefixModel, model_dir: Path, source: dict, final: Path) -> Path:
+    """Cut ``spec`` from the built checkpoint ``model_dir`` into ``final`` unless it is already there."""
     with locked(final.parent):
         if is_complete(final, source):
             log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
             return final
         with building(final, source) as (tmp, details):
-            details.update(cut_layer_prefix(target_dir, tmp, spec.layers))
+            details.update(cut_layer_prefix(model_dir, tmp, spec.layers))
         log.info("layer-prefix drafter (%d layers): ready in %s", spec.layers, final)
     return final
 
@@ -118,8 +123,11 @@ def prepare(pair_name: str, *, root: Path | None = None, drafter_layers: int | N
     target = build_gguf_model(pair.target, role_dir(pair, "target", root), wheels)
     spec = drafter_spec(pair, drafter_layers)
     final = role_dir(pair, "drafter", root, drafter_layers)
-    if isinstance(spec, LayerPrefixModel):
+    if isinstance(spec, LayerPrefixModel) and spec.of == "target":
         drafter = build_layer_prefix(spec, target, spec.source(pair.target), final)
+    elif isinstance(spec, LayerPrefixModel):  # cut from the pair's own drafter, built first
+        whole = build_gguf_model(pair.drafter, role_dir(pair, "drafter", root), wheels)
+        drafter = build_layer_prefix(spec, whole, spec.source(pair.drafter), final)
     else:
         drafter = build_gguf_model(spec, final, wheels)
     return PreparedPair(pair.name, target, drafter)

@@ -50,16 +50,22 @@ class GGUFModel:
 
 @dataclass(frozen=True)
 class LayerPrefixModel:
-    """A drafter cut from the target: its first ``layers`` decoder layers, final norm and LM head.
+    """A drafter cut from a model of the pair: its first ``layers`` decoder layers, final norm and LM head.
 
-    Exact for the shared layers, so it agrees with the target only as often as the
-    remaining layers leave the top-1 token alone: good for correctness tests, not speed.
+    ``of = "target"``: cut from the target (smollm2's drafter), exact for the shared layers, so it agrees
+    with the target only as often as the remaining layers leave the top-1 token alone: good for
+    correctness tests, not speed. ``of = "drafter"``: cut from a pair's own drafter (``--drafter-layers``
+    on qwen-coder), a drafter weakened on purpose, one that disagrees with the target often (fidelity
+    benchmarks: what the margin rule and its guard do with a poor drafter).
     """
 
     layers: int
+    of: str = "target"
 
-    def source(self, target: GGUFModel) -> dict:
-        return {"kind": "layer-prefix", "of": target.sha256, "layers": self.layers}
+    def source(self, model: GGUFModel) -> dict:
+        """``model``: the GGUF model it is cut from (the pair's ``of``)."""
+        source = {"kind": "layer-prefix", "of": model.sha256, "layers": self.layers}
+        return source if self.of == "target" else {**source, "cut_from": self.of}
 
 
 @dataclass(frozen=True)
