@@ -34,11 +34,15 @@ def test_adaptivespec_rows_follow_the_plugin_contract():
     assert not rejected
     by_name = {c.name: c for c in configs}
     assert set(by_name) == {"policy-only", "pinned-k2", "pinned-k4", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7",
-                            "adaptive@0.3", "unguarded@0.7", "unguarded@0.3", "tree-policy-only", "adaptive-tree@0.7",
+                            "adaptive@0.3", "unguarded@0.7", "unguarded@0.3", "unguarded-k4@0.7", "unguarded-k4@0.3",
+                            "tree-policy-only", "adaptive-tree@0.7",
                             "adaptive-tree@0.3"}
     unguarded = by_name["unguarded@0.3"].engine_args()["additional_config"]["adaptivespec"]
     assert unguarded == {"tau": 0.3, "max_depth": 8, "max_promotions_per_step": 64,
                          "max_promotions_per_window": 1_000_000, "promotion_min_acceptance": 0.0}
+    pinned_unguarded = by_name["unguarded-k4@0.3"].engine_args()["additional_config"]["adaptivespec"]
+    assert pinned_unguarded == {"tau": 0.3, "min_depth": 4, "max_depth": 4, "max_promotions_per_step": 64,
+                                "max_promotions_per_window": 1_000_000, "promotion_min_acceptance": 0.0}
     policy = by_name["policy-only"].engine_args()
     assert policy["additional_config"] == {"adaptivespec": {"tau": 1.0, "max_depth": 8}}
     assert policy["speculative_config"]["method"] == "draft_model"

@@ -124,6 +124,9 @@ TABLE: tuple[Row, ...] = (
     Row("unguarded", "adaptivespec", _draft(8), {"tau": TAU, "max_depth": 8, **NO_LOSSY_BUDGET},
         per_tau=True, about="full AdaptiveSpec with the lossy budget off (promotions limited by nothing but tau): "
                             "what the guard prevents", lossless_twin="policy-only"),
+    Row("unguarded-k4", "adaptivespec", _draft(4), {"tau": TAU, "min_depth": 4, "max_depth": 4, **NO_LOSSY_BUDGET},
+        per_tau=True, depth=4, about="margin rule at a static depth of 4 with the lossy budget off: beside margin-k4, "
+                                     "what the guard does where the drafts cannot shrink", lossless_twin="static-k4"),
     Row("static-tree", "static-tree", _draft(8), STATIC_TREE, depth=4,
         about="fixed draft tree (depth 4, width 2, 8 nodes) on AdaptiveSpec's tree path, exact verification"),
     Row("tree-policy-only", "adaptivespec", _draft(24), _tree(tau=1.0, max_depth=8),
