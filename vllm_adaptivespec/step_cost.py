@@ -16,14 +16,17 @@ Cost model (``StepCosts``), all three terms measured by the engine every step:
 
 A step with B requests, request i verifying d_i draft tokens (0 = no speculation for it), costs
 
-    t(d) = t_fixed + t_target(B + sum_i d_i) + passes(D) * t_pass(B) + t_first,   D = max_i d_i
-    passes(D) = D                 when planning before the drafter's first pass (it drafts level 1)
-              = max(D - 1, 0)     once the first pass has run
-    passes(0) = 0                 no drafter pass at all
-    t_first   = 0                 before the first pass
-              = its seconds       once it has run: every plan, plain decoding included, has paid them,
-                                  and E(d) / t(d) is a ratio, so leaving a cost all plans share out of
-                                  t would favour the cheaper, shallower plans
+    t(d) = t_fixed + t_target(B + sum_i d_i) + drafter(d),    D = max_i d_i
+    drafter(d) = 0                                  when D = 0: no drafter pass at all
+               = t_pass(E(d)) + (D - 1) t_pass(B)   otherwise
+
+A step that drafts runs a first pass over the tokens the step before it emitted (the drafter's KV for
+them; it drafts level 1), then D - 1 passes over its B rows. Each plan is charged the first pass its own
+emitted tokens E(d) cause at the next step, not the one this step ran over the last step's: that one is
+paid whatever this step chooses, and a cost every plan shares, left in a ratio, favours the dearer plans
+(at batch 32 a deep plan then looked nearly free, while the first pass over its 128 emitted tokens cost
+as much as the target's forward). The same t(d) prices the plan before the first pass (does this step
+run the drafter at all?) and after it (how deep?).
 
 and emits, with p_i the request's per-position acceptance estimate (a chance, calibrated),
 
@@ -31,8 +34,11 @@ and emits, with p_i the request's per-position acceptance estimate (a chance, ca
 
 ``plan_depths`` returns the d maximising E(d) / t(d), searched exactly for unconstrained depths:
 for each D in 0..max_depth, the best d with max d_i <= D takes the N largest marginal gains p_i^k
-(k <= D) for some N, because t depends on d only through sum d_i (and D) and p_i^k falls with k,
-so the N largest gains are a prefix of each request's chain; all N are tried. Then the user's
+(k <= D) for some N: t depends on d only through sum d_i = N, D and E(d), the N largest gains give
+the largest E for that N (p_i^k falls with k, so they are a prefix of each request's chain), and a
+larger E raises E / t as long as one more row of a drafter pass costs less than the step's average
+seconds per emitted token, t / E (a pass's rows share one read of the drafter's weights); all N are
+tried. Then the user's
 floor applies: a request that drafts drafts at least ``min_depth`` (raised, not dropped), and with
 ``allow_off`` false every request drafts at least ``min_depth``. A plan must beat the next smaller D
 by ``MIN_GAIN`` to be chosen, so equal rates keep the cheaper step (and plain decoding).
@@ -49,13 +55,14 @@ drafts from one source, and only the requests drafting from the drafter count to
 and the same N-largest search runs over those gains, for D = 0 (free drafts only, no pass) through
 max_depth; for each D >= 1 it also runs with every request on the drafter (source_i = drafter for all),
 since the rule weighs whole chains and not what verifying them costs (a long, unsure copy can lose to
-one sure drafter token, once the first pass has run). The source rule is a choice, not a search (a free
+one sure drafter token). The source rule is a choice, not a search (a free
 chain less sure than the drafter's that would save a pass for the whole batch is only found at D = 0),
 so with free drafts the plan is at least the optimum among plans that follow the rule (tested against
 brute force, and against the best of all plans in random batches of up to 3 requests).
 ``min_depth`` raises drafter chains only (a free chain is as long as its match allows).
 
-Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all.
+Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all; the
+tokens it emits wait for the drafter's catch-up at its next pass.
 Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1: when even a
 drafter that is always right loses to plain decoding at this batch size on these costs, no acceptance
 estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
@@ -224,13 +231,10 @@ def plan_depths(
     min_depth: int,
     max_depth: int,
     allow_off: bool = True,
-    first_pass_seconds: float | None = None,
     free: Sequence[tuple[int, float]] | None = None,
 ) -> StepPlan | None:
     """The plan of the module docstring for requests with per-position acceptance ``acceptance`` and,
-    optionally, free drafts ``free`` ((L_i, q_i) per request); ``first_pass_seconds``: None when planning
-    before the drafter's first pass, else what that pass took (t_first). None while the cost model is not
-    ready."""
+    optionally, free drafts ``free`` ((L_i, q_i) per request). None while the cost model is not ready."""
     if not costs.ready() or not acceptance:
         return None
     p = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0)  # [B]
@@ -242,9 +246,7 @@ def plan_depths(
         q = np.clip(np.asarray([a for _, a in free], dtype=np.float64), 0.0, 1.0)  # [B]
     has_free = free_len > 0
     free_yield = _chain_yield(q, free_len)  # [B] q_i + ... + q_i^L_i
-    first_pass_done = first_pass_seconds is not None
-    fixed = (costs.fixed or 0.0) + (first_pass_seconds or 0.0)  # t_fixed + t_first: paid by every plan
-    pass_seconds = costs.draft_pass.seconds(batch, min_points=1)
+    fixed = costs.fixed or 0.0
     plain_rate = batch / (fixed + costs.target.seconds(batch))
     best_depths, best_rate = np.zeros(batch, dtype=np.int64), plain_rate
     best_free = np.zeros(batch, dtype=bool)
@@ -264,8 +266,8 @@ def plan_depths(
         order = np.argsort(-gains, kind="stable")[: int(cap.sum())]
         total = batch + np.cumsum(gains[order])  # E for N = 1..sum(cap)
         n = np.arange(1, order.shape[0] + 1)
-        passes = 0 if not (~use_free & (cap > 0)).any() else (max(depth - 1, 0) if first_pass_done else depth)
-        rates = total / (fixed + costs.target.seconds(batch + n) + passes * pass_seconds)
+        passes = depth if (~use_free & (cap > 0)).any() else 0  # D: free chains need no pass
+        rates = total / (fixed + costs.target.seconds(batch + n) + _drafter_seconds(costs, batch, total, passes))
         pick = int(np.argmax(rates))
         if rates[pick] > best_rate * (1.0 + MIN_GAIN):
             best_rate = float(rates[pick])
@@ -277,6 +279,15 @@ def plan_depths(
     depths = np.where(~best_free & (depths > 0) & (depths < min_depth), min_depth, depths)
     depths = np.minimum(depths, max_depth)
     return StepPlan([int(d) for d in depths], best_rate, plain_rate, None if free is None else best_free.tolist())
+
+
+def _drafter_seconds(costs: StepCosts, batch: int, emitted, passes):
+    """drafter(d) of the module docstring for a step of ``batch`` requests that emits ``emitted`` tokens
+    and drafts ``passes`` = D levels from the drafter (either may be an array: elementwise):
+    t_pass(emitted) + (D - 1) t_pass(B), 0 when D = 0."""
+    passes = np.asarray(passes)
+    first = costs.draft_pass.seconds(emitted, min_points=1)  # next step's first pass, over the emitted tokens
+    return np.where(passes > 0, first + (passes - 1) * costs.draft_pass.seconds(batch, min_points=1), 0.0)
 
 
 def _chain_yield(a: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -370,14 +381,17 @@ def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | N
     drafter's chain is the same prefix); one whose whole draft was accepted (a_i = d_i) is credited
     a_i for deeper chains too, a lower bound, since what lay beyond its draft is unknown.
 
-        policy      sum_s (B + sum_i a_i) / sum_s (t_fixed + t_target(B + sum_i d_i) + n_s t_pass(B))
-        fixed k     every step drafts k for every request: B + sum_i min(a_i, k) tokens for
-                    t_fixed + t_target(B + B k) + k t_pass(B); the best k over 0..max_depth
+        policy      sum_s (B + sum_i a_i) / sum_s (t_fixed + t_target(B + sum_i d_i) + drafter_s), where
+                    drafter_s = t_pass(B + sum_i a_i) + (n_s - 1) t_pass(B) (0 when n_s = 0), the plan's
+                    drafter(d) with its emitted tokens known
+        fixed k     every step drafts k for every request: B + S_k tokens, S_k = sum_i min(a_i, k), for
+                    t_fixed + t_target(B + B k) + t_pass(B + S_k) + (k - 1) t_pass(B) (k = 0: no pass);
+                    the best k over 0..max_depth
         oracle      every step chooses its depth cap D and how many of the sure tokens
-                    G <= sum_i min(a_i, D) to verify: B + G tokens for
-                    t_fixed + t_target(B + G) + D t_pass(B) (no pass when D = 0), each step's choice
-                    maximising the run's tokens per second (Dinkelbach: tokens - lambda * time per step,
-                    lambda iterated to the run's rate)
+                    G <= S_D to verify: B + G tokens for
+                    t_fixed + t_target(B + G) + t_pass(B + G) + (D - 1) t_pass(B) (no pass when D = 0), each
+                    step's choice maximising the run's tokens per second (Dinkelbach: tokens - lambda *
+                    time per step, lambda iterated to the run's rate)
         regret      1 - policy / oracle
 
     Free drafts (copies, no drafter pass) are the policy's like any other draft, with the passes its steps
@@ -400,17 +414,20 @@ def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | N
         batch = drafted.shape[0]
         if batch == 0:
             continue
-        pass_seconds = costs.draft_pass.seconds(batch, min_points=1)
-        policy_tokens += batch + accepted.sum()
-        policy_time += fixed + costs.target.seconds(batch + drafted.sum()) + record["passes"] * pass_seconds
-        sure = np.minimum(accepted[None, :], depths[:, None]).sum(1)  # [D+1] sure tokens at cap D
+        emitted = batch + accepted.sum()
+        policy_time += fixed + costs.target.seconds(batch + drafted.sum()) + _drafter_seconds(
+            costs, batch, emitted, record["passes"]
+        )
+        policy_tokens += emitted
+        sure = np.minimum(accepted[None, :], depths[:, None]).sum(1)  # [D+1] S_D, sure tokens at cap D
         fixed_tokens += batch + sure
-        fixed_time += fixed + costs.target.seconds(batch + batch * depths) + depths * pass_seconds
+        fixed_time += fixed + costs.target.seconds(batch + batch * depths)
+        fixed_time += _drafter_seconds(costs, batch, batch + sure, depths)
         tokens, time = [], []
         for cap in range(max_depth + 1):
             g = np.arange(sure[cap] + 1)
             tokens.append(batch + g)
-            time.append(fixed + costs.target.seconds(batch + g) + cap * pass_seconds)
+            time.append(fixed + costs.target.seconds(batch + g) + _drafter_seconds(costs, batch, batch + g, cap))
         options.append((np.concatenate(tokens), np.concatenate(time)))
     if policy_time <= 0:
         return None

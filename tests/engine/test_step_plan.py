@@ -157,7 +157,7 @@ def test_in_tree_mode_a_request_drafted_from_its_copy_alone_gets_no_drafter_node
     # A drafter pass as dear as a target forward: the plan drafts both requests from their copies.
     state = _free_state(batch=2, draft=0.05, mode="tree")
     _offer(state)
-    shapes = state.choose_shapes(torch.tensor([0.5, 0.5]), node_ceiling=8, first_pass_seconds=0.05)
+    shapes = state.choose_shapes(torch.tensor([0.5, 0.5]), node_ceiling=8)
     assert [shape.depth for shape in shapes] == [0, 0]
     empty = DraftTrees.from_parents([[], []], [[], []])
     drafts = state.record_drafts(empty, node_ceiling=8)

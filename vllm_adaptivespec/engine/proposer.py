@@ -112,11 +112,10 @@ class AdaptiveProposerMixin:
         state.observe_draft(seconds, passes, drafts, first_rows, self._first_pass_seconds or seconds / passes)
         return drafts
 
-    def _first_pass_finished(self) -> float:
-        """Called once the first pass's confidence has reached the host (the device has finished it);
-        returns the seconds the pass took (catch-up rows included)."""
+    def _first_pass_finished(self) -> None:
+        """Called once the first pass's confidence has reached the host (the device has finished it): times
+        the pass (catch-up rows included) for ``observe_draft``."""
         self._first_pass_seconds = time.perf_counter() - self._propose_started
-        return self._first_pass_seconds
 
     def _catch_up(self, attn, token_ids, positions, hidden_states):
         """Put before each request's first-pass rows the tokens whose drafter KV is missing
@@ -237,8 +236,8 @@ class AdaptiveProposerMixin:
         started = time.perf_counter()
         tokens, _, confidence = top_candidates(logits, 1)
         confidence = confidence.cpu()
-        first_pass_seconds = self._first_pass_finished()
-        shapes = self.adaptive_state.choose_shapes(confidence, self.num_speculative_tokens, first_pass_seconds)
+        self._first_pass_finished()
+        shapes = self.adaptive_state.choose_shapes(confidence, self.num_speculative_tokens)
         self._chain_depths = [shape.depth for shape in shapes]
         # vLLM's loop reads it after this call (at least 1: its k = 1 exit reshapes by it; depth-0 rows are cut)
         self.num_speculative_tokens = max(1, max(self._chain_depths, default=1))
@@ -308,8 +307,8 @@ class AdaptiveProposerMixin:
         started = time.perf_counter()
         confidence, log_norm = confidence_of(logits)
         confidence = confidence.cpu()
-        first_pass_seconds = self._first_pass_finished()
-        shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling, first_pass_seconds)
+        self._first_pass_finished()
+        shapes = self.adaptive_state.choose_shapes(confidence, node_ceiling)
         builder = TreeBuilder(shapes, device=device)
         self.adaptive_state.charge(started)
         if builder.done:  # no request drafts from the drafter this step (copies only, or none)

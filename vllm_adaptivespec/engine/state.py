@@ -146,9 +146,8 @@ class AdaptiveState:
     def request_ids(self) -> list[str]:
         return list(self._runner.input_batch.req_ids)
 
-    def choose_shapes(self, confidence: torch.Tensor, node_ceiling: int, first_pass_seconds: float) -> list[TreeShape]:
-        """Each batch row's tree shape this step, from its first-pass confidence ``confidence`` [B]; the
-        first pass took ``first_pass_seconds``.
+    def choose_shapes(self, confidence: torch.Tensor, node_ceiling: int) -> list[TreeShape]:
+        """Each batch row's tree shape this step, from its first-pass confidence ``confidence`` [B].
 
         Chains (unless pinned, see ``planned``): the batch step plan (``step_cost.plan_depths``) on the
         measured step costs, depth 0 allowed, each request's free draft (``offer_free_drafts``) a second
@@ -173,7 +172,6 @@ class AdaptiveState:
             plan = plan_depths(
                 self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
                 min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off,
-                first_pass_seconds=first_pass_seconds,
                 free=self._free_estimates(req_ids),
             )  # fmt: skip
         free_rows = [False] * batch
