@@ -98,6 +98,11 @@ def best_depth(signal: float, min_depth: int, max_depth: int, draft_cost: float)
     return best
 
 
+def clamped_confidence(confidence: float) -> float:
+    """A drafter confidence as a chance in [0, 1] (NaN, from a degenerate softmax, reads as 0)."""
+    return 0.0 if math.isnan(confidence) else min(1.0, max(0.0, float(confidence)))
+
+
 def _ramp(signal: float, low: float, high: float) -> float:
     return min(1.0, max(0.0, (signal - low) / (high - low)))
 
@@ -134,7 +139,7 @@ class SequencePolicy:
 
     def signal(self, confidence: float) -> float:
         """Fused signal in [0, 1] from this step's drafter top-1 confidence and the history."""
-        confidence = 0.0 if math.isnan(confidence) else min(1.0, max(0.0, float(confidence)))
+        confidence = clamped_confidence(confidence)
         weight = self.config.confidence_weight
         return min(1.0, weight * confidence + (1.0 - weight) * self.acceptance_rate)
 

@@ -82,7 +82,7 @@ from typing import Sequence
 import numpy as np
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
-from vllm_adaptivespec.policy import SequencePolicy
+from vllm_adaptivespec.policy import SequencePolicy, clamped_confidence
 
 MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
 
@@ -361,15 +361,11 @@ class ConfidenceCalibration(ShrunkAcceptance):
         return min(self.bins - 1, int(confidence * self.bins))
 
     def observe(self, confidence: float, first_accepted: bool) -> None:
-        super().observe(self._bin(_clamped(confidence)), first_accepted)
+        super().observe(self._bin(clamped_confidence(confidence)), first_accepted)
 
     def __call__(self, confidence: float) -> float:
-        c = _clamped(confidence)
+        c = clamped_confidence(confidence)
         return self.rate(self._bin(c), c)
-
-
-def _clamped(confidence: float) -> float:
-    return 0.0 if math.isnan(confidence) else min(1.0, max(0.0, confidence))
 
 
 def hindsight(records: list[dict], costs: StepCosts, max_depth: int) -> dict | None:

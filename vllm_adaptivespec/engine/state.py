@@ -79,6 +79,13 @@ class Verification:
     num_promoted: list[int] | None = None
     accepted_nodes: torch.Tensor | None = None  # [B, D] node indices of each accepted path, -1 padded
     overhead_seconds: float = 0.0  # time the margin sampler spent beyond vLLM's own rejection sampler
+    _paths: list[list[int]] | None = field(default=None, init=False, repr=False)
+
+    def accepted_paths(self) -> list[list[int]] | None:
+        """``accepted_nodes`` on the host (read once: the tree step's KV moves and the policies both use it)."""
+        if self._paths is None and self.accepted_nodes is not None:
+            self._paths = self.accepted_nodes.tolist()
+        return self._paths
 
     def may_promote(self) -> bool:
         """Whether any request could accept a draft by the margin rule this step (else: strict)."""
@@ -431,7 +438,7 @@ class AdaptiveState:
             started = time.perf_counter()
             done = self.verification
             if done.num_accepted is not None:
-                paths = None if done.accepted_nodes is None else done.accepted_nodes.tolist()
+                paths = done.accepted_paths()
                 for row, (rid, drafted, depth, accepted, promoted) in enumerate(zip(
                     req_ids, done.num_draft_tokens, done.depths(), done.num_accepted, done.num_promoted
                 )):  # fmt: skip

@@ -90,7 +90,7 @@ class TreeStep:
             device=runner.positions.device,
         )
 
-    def finish(self, runner, accepted_nodes: torch.Tensor | None, step_outputs) -> None:
+    def finish(self, runner, paths: list[list[int]] | None, step_outputs) -> None:
         """After verification: chain order for the accepted paths (KV, ids, positions, hidden states)."""
         if not self.plan.used:
             raise RuntimeError(
@@ -101,10 +101,9 @@ class TreeStep:
         for row in self.tree_rows:  # sequential positions again, as vLLM and the drafter expect
             start, length = self.query_start[row], 1 + self.num_nodes[row]
             runner.positions[start : start + length] = self.context_len[row] + torch.arange(length, device=device)
-        if accepted_nodes is None:
+        if paths is None:
             return
         sources, targets = [], []
-        paths = accepted_nodes.tolist()
         for row in self.tree_rows:
             start = self.query_start[row]
             for depth, node in enumerate(paths[row], start=1):

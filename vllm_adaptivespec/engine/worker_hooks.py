@@ -118,7 +118,7 @@ class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
             output = GPUModelRunnerPatch.stock._sample(self, logits, spec_decode_metadata, *args, **kwargs)
             if step is not None:
                 started = time.perf_counter()
-                step.finish(self, verification.accepted_nodes, state.step_outputs)
+                step.finish(self, verification.accepted_paths(), state.step_outputs)
                 state.charge(started)
             return output
 
