@@ -186,6 +186,10 @@ class Run:
 
         env = dict(os.environ)
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # With the engine in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1), vLLM's collective_rpc sends the
+        # worker's callables (the step log, the suffix-cache reset) only through pickle, which it allows only
+        # when told: the benchmark's own engines, on this machine, never a served one.
+        env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [*self.worker_command, str(job_path), str(events_path)],
