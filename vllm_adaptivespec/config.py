@@ -114,10 +114,11 @@ class AdaptiveSpecConfig(BaseModel):
         8, ge=0, le=1_000_000, description="Most margin promotions within any history_window consecutive steps."
     )
     promotion_min_acceptance: float = Field(
-        0.0,
+        0.7,
         ge=0.0,
         le=1.0,
-        description="No promotions while the rolling acceptance rate is below this (0 = no floor).",
+        description="No promotions while the drafter's rolling agreement with the target (strict acceptance per "
+        "judged position, promotions not counted) is below this (0 = no floor).",
     )
 
     batch_node_budget: int = Field(

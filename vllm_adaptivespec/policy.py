@@ -37,7 +37,13 @@ Lossy budget: ``promotion_allowance()`` is how many margin promotions the next s
 min(max_promotions_per_step, max_promotions_per_window - promotions in the previous
 history_window - 1 steps), so no run of ``history_window`` consecutive steps ever holds more
 than ``max_promotions_per_window`` promotions; it is 0 when the step's tau (the request's, else
-the configured one) is 1, or while the acceptance rate is below ``promotion_min_acceptance``. A step
+the configured one) is 1, or while the agreement rate is below ``promotion_min_acceptance``:
+
+    agreement = (sum(accepted) - sum(promoted)) / sum(trials)     over this drafter's steps in the window;
+                                                                  ``prior_acceptance`` before any judged position
+
+the share of judged positions where the drafter picked the target's own choice, so promotions never vouch for
+more promotions; a drafter that disagrees is where a promoted near-tie starts an error later tokens build on. A step
 whose draft came from another source (a free copy) enters the window with its promotions only
 (``observe_promotions``), so the budget holds for the request whatever drafted it.
 
@@ -110,14 +116,16 @@ def _ramp(signal: float, low: float, high: float) -> float:
 class SequencePolicy:
     """Shape decisions and acceptance history for one request."""
 
-    __slots__ = ("config", "_window", "_sum_accepted", "_sum_trials", "_sum_promoted", "totals")
+    __slots__ = ("config", "_window", "_sum_accepted", "_sum_trials", "_sum_promoted", "_sum_agreed", "totals")
 
     def __init__(self, config: AdaptiveSpecConfig):
         self.config = config
-        self._window: deque[tuple[int, int, int]] = deque(maxlen=config.history_window)
+        # One entry a verified step: (accepted, trials, promoted, agreed = accepted - promoted of this drafter).
+        self._window: deque[tuple[int, int, int, int]] = deque(maxlen=config.history_window)
         self._sum_accepted = 0
         self._sum_trials = 0
         self._sum_promoted = 0
+        self._sum_agreed = 0
         # Lifetime counters for metrics: steps, drafted, accepted, promoted.
         self.totals = [0, 0, 0, 0]
 
@@ -127,6 +135,14 @@ class SequencePolicy:
         if self._sum_trials == 0:
             return self.config.prior_acceptance
         return self._sum_accepted / self._sum_trials
+
+    @property
+    def agreement_rate(self) -> float:
+        """Per-position strict acceptance over the window, promotions not counted (``prior_acceptance`` before any
+        judged position): the lossy budget's floor."""
+        if self._sum_trials == 0:
+            return self.config.prior_acceptance
+        return self._sum_agreed / self._sum_trials
 
     @property
     def judged(self) -> int:
@@ -186,7 +202,7 @@ class SequencePolicy:
         if drafted == 0:
             return
         trials = accepted + (1 if accepted < drafted else 0)
-        self._push(accepted, trials, promoted)
+        self._push(accepted, trials, promoted, accepted - promoted)
         totals = self.totals
         totals[0] += 1
         totals[1] += drafted
@@ -198,25 +214,27 @@ class SequencePolicy:
         the lossy budget; its acceptance is that source's, not this history's."""
         if promoted < 0:
             raise ValueError(f"observe_promotions needs promoted >= 0 (got {promoted=})")
-        self._push(0, 0, promoted)
+        self._push(0, 0, promoted, 0)
 
-    def _push(self, accepted: int, trials: int, promoted: int) -> None:
+    def _push(self, accepted: int, trials: int, promoted: int, agreed: int) -> None:
         if len(self._window) == self._window.maxlen:
-            old_accepted, old_trials, old_promoted = self._window[0]
+            old_accepted, old_trials, old_promoted, old_agreed = self._window[0]
             self._sum_accepted -= old_accepted
             self._sum_trials -= old_trials
             self._sum_promoted -= old_promoted
-        self._window.append((accepted, trials, promoted))
+            self._sum_agreed -= old_agreed
+        self._window.append((accepted, trials, promoted, agreed))
         self._sum_accepted += accepted
         self._sum_trials += trials
         self._sum_promoted += promoted
+        self._sum_agreed += agreed
 
     def promotion_allowance(self, tau: float | None = None) -> int:
         """Margin promotions the next step may use (see the lossy budget in the module docstring);
         ``tau`` is the request's own threshold when it overrides the configured one."""
         cfg = self.config
         lossless = (cfg.tau if tau is None else tau) >= 1.0
-        if lossless or self.acceptance_rate < cfg.promotion_min_acceptance:
+        if lossless or self.agreement_rate < cfg.promotion_min_acceptance:
             return 0
         recent = self._sum_promoted
         if len(self._window) == self._window.maxlen:

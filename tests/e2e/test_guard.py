@@ -25,8 +25,10 @@ from vllm_adaptivespec.bench import load
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 PER_STEP, PER_WINDOW, WINDOW = 1, 3, 8
-GUARD = {"max_promotions_per_step": PER_STEP, "max_promotions_per_window": PER_WINDOW, "history_window": WINDOW}
-NO_GUARD = {"max_promotions_per_step": 4, "max_promotions_per_window": 1_000_000, "history_window": WINDOW}
+GUARD = {"max_promotions_per_step": PER_STEP, "max_promotions_per_window": PER_WINDOW, "history_window": WINDOW,
+         "promotion_min_acceptance": 0.0}  # the two budgets under test, without the agreement floor
+NO_GUARD = {"max_promotions_per_step": 4, "max_promotions_per_window": 1_000_000, "history_window": WINDOW,
+            "promotion_min_acceptance": 0.0}
 # Drafts on every step (the tiny drafter costs what the tiny target does, so the plan would switch them off).
 DRAFT = {"allow_off": False, "tau": 0.3, "max_depth": 4}
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time there was", "for i in range(10):",

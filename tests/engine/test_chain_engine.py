@@ -39,7 +39,8 @@ def lossless(tiny_models, tiny_prompts):
 
 @pytest.fixture(scope="module")
 def margin(tiny_models, tiny_prompts):
-    settings = {**CHEAP_DRAFTER, "tau": 0.3, "max_promotions_per_step": 4, "max_promotions_per_window": 64}
+    settings = {**CHEAP_DRAFTER, "tau": 0.3, "max_promotions_per_step": 4, "max_promotions_per_window": 64,
+                "promotion_min_acceptance": 0.0}
     return run_engine(_spec(tiny_models, tiny_prompts, adaptivespec=settings))
 
 

@@ -30,7 +30,7 @@ NEAR_END = (1, 2, 3, 5, 9)  # room left between the prompt and max_model_len
 LOSSLESS = {"adaptivespec_lossless": 1}
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 TAU = 0.3
-LOSSY = {"tau": TAU, "max_promotions_per_step": 4, "max_promotions_per_window": 64}
+LOSSY = {"tau": TAU, "max_promotions_per_step": 4, "max_promotions_per_window": 64, "promotion_min_acceptance": 0.0}
 CHAIN = {**LOSSY, "min_depth": 4, "max_depth": 4, "min_nodes": 4}
 TREE = {**LOSSY, "mode": "tree", "max_width": 3}
 

@@ -153,7 +153,8 @@ def test_lossy_budget_is_never_exceeded(config, steps):
 def test_lossy_budget_holds_through_real_verification():
     """Policy + margin verification in a loop on targets where nearly every draft is promotable."""
     config = AdaptiveSpecConfig(tau=0.2, max_depth=6, max_nodes=6, history_window=5,
-                                max_promotions_per_step=2, max_promotions_per_window=3)
+                                max_promotions_per_step=2, max_promotions_per_window=3,
+                                promotion_min_acceptance=0.0)  # this drafter never agrees: the budgets alone
     policy = SequencePolicy(config)
     gen = torch.Generator().manual_seed(0)
     per_step = []
@@ -175,9 +176,11 @@ def test_lossy_budget_holds_through_real_verification():
 
 def test_request_tau_decides_whether_promotions_are_allowed():
     lossless_server = SequencePolicy(AdaptiveSpecConfig())
+    lossless_server.observe(4, 4, 0)  # a drafter that agrees (past the agreement floor)
     assert lossless_server.promotion_allowance() == 0
     assert lossless_server.promotion_allowance(tau=0.6) == 2  # a request asking for a margin gets one
     lossy_server = SequencePolicy(AdaptiveSpecConfig(tau=0.5))
+    lossy_server.observe(4, 4, 0)
     assert lossy_server.promotion_allowance(tau=1.0) == 0  # a request asking for lossless gets none
 
 
@@ -187,6 +190,29 @@ def test_promotions_pause_while_acceptance_is_low():
     for _ in range(4):
         policy.observe(4, 0, 0)
     assert policy.acceptance_rate == 0.0 and policy.promotion_allowance() == 0
+
+
+def test_promotions_do_not_vouch_for_more_promotions():
+    """The floor reads strict agreement: a window whose accepted tokens are mostly promotions is a drafter that
+    disagrees, and it loses its allowance although its acceptance (promotions counted) looks high."""
+    policy = SequencePolicy(AdaptiveSpecConfig(tau=0.3, promotion_min_acceptance=0.7, max_promotions_per_step=4,
+                                               max_promotions_per_window=1000))
+    for _ in range(4):
+        policy.observe(4, 4, 2)  # 4 drafted, all accepted, 2 of them promoted: trials 4, agreed 2
+    assert policy.acceptance_rate == 1.0 and policy.agreement_rate == 0.5
+    assert policy.promotion_allowance() == 0
+    for _ in range(16):
+        policy.observe(4, 4, 0)
+    assert policy.agreement_rate == 1.0 and policy.promotion_allowance() == 4
+    policy.observe_promotions(3)  # a free copy's promotions count toward the budget, not against this drafter
+    assert policy.agreement_rate == 1.0 and policy.promotion_allowance() == 4
+
+
+def test_agreement_floor_holds_back_a_new_request_until_its_drafter_has_agreed():
+    policy = SequencePolicy(AdaptiveSpecConfig(tau=0.5))  # defaults: prior 0.6 below the 0.7 floor
+    assert policy.agreement_rate == policy.config.prior_acceptance and policy.promotion_allowance() == 0
+    policy.observe(4, 4, 0)
+    assert policy.promotion_allowance() == policy.config.max_promotions_per_step
 
 
 def test_observe_rejects_impossible_steps():
