@@ -61,6 +61,11 @@ def test_ratios_are_taken_within_the_same_cell_group(data):
     assert cell["derived"]["speedup_vs_best_stock"] == pytest.approx(24 / 20)  # n-gram beats every static k
     assert cell["derived"]["best_stock"] == "ngram"
     assert cell["derived"]["accuracy_recovery"] == pytest.approx(0.8)
+    assert cell["derived"]["accuracy_vs_lossless"] == pytest.approx(0.4 / 0.5)  # against policy-only, its twin
+    margin = next(c for c in data["cells"] if c["config"] == "margin-k4@0.5" and c["workload"] == "humaneval")
+    assert margin["derived"]["accuracy_vs_lossless"] == pytest.approx(0.45 / 0.5)  # against static-k4
+    ar = next(c for c in data["cells"] if c["config"] == "ar" and c["workload"] == "humaneval")
+    assert ar["derived"]["accuracy_vs_lossless"] is None
     failed = next(c for c in data["cells"] if c["status"] == "failed")
     assert "derived" not in failed
 

@@ -2,7 +2,8 @@
 metrics: tau 0.3, a drafter that picks the target's top token about 1 time in 5 but mostly within the
 margin otherwise (`write_disagreeing_draft`), so without a bound most steps would promote several tokens.
 
-Budgets under test: at most ``PER_STEP`` promotions in one request's step and ``PER_WINDOW`` in any
+Budgets under test (the agreement floor off, so that they bind; a server at the guard's defaults, floor included,
+is checked beside them): at most ``PER_STEP`` promotions in one request's step and ``PER_WINDOW`` in any
 ``WINDOW`` consecutive steps of a request. From /metrics:
     per step    the `vllm:adaptivespec_request_step_promotions` histogram: no observation above PER_STEP
     per window  one request at a time, so the deltas of `vllm:adaptivespec_promoted_tokens_total` (P) and of
@@ -52,6 +53,7 @@ def servers(start_servers, tmp_path_factory):
         tree={**models, "NUM_SPEC_TOKENS": "12",
               "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **GUARD, "mode": "tree", "max_width": 3})},
         unguarded={**models, "NUM_SPEC_TOKENS": "4", "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **NO_GUARD})},
+        defaults={**models, "NUM_SPEC_TOKENS": "4", "ADAPTIVESPEC_CONFIG": json.dumps(DRAFT)},
     )  # fmt: skip
     started["vocab_size"] = json.loads((root / "target" / "config.json").read_text())["vocab_size"]
     return started
@@ -92,7 +94,7 @@ def _post(server, body: dict) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def alone(servers, model):
-    return {name: _one_at_a_time(servers[name], model) for name in ("unguarded", "chain", "tree")}
+    return {name: _one_at_a_time(servers[name], model) for name in ("unguarded", "chain", "tree", "defaults")}
 
 
 def test_the_drafter_disagrees_and_unguarded_promotions_would_break_both_budgets(servers, alone):
@@ -104,6 +106,16 @@ def test_the_drafter_disagrees_and_unguarded_promotions_would_break_both_budgets
     assert any(r["promoted"] > PER_WINDOW * math.ceil(r["steps"] / WINDOW) for r in seen), seen
     print(f"\nunguarded: {strict / drafted:.0%} of {drafted:.0f} draft tokens strictly accepted, "
           f"{sum(r['promoted'] for r in seen):.0f} promoted in {sum(r['steps'] for r in seen):.0f} request-steps")
+
+
+def test_the_default_guard_holds_promotions_back_while_the_drafter_disagrees(alone):
+    """The guard's defaults include the agreement floor (``promotion_min_acceptance``): with a drafter that picks
+    the target's token about 1 time in 5, its rolling agreement stays below the floor, so the margin rule (tau 0.3)
+    promotes next to nothing, where the same drafter unguarded promotes on most steps."""
+    unguarded = sum(r["promoted"] for r in alone["unguarded"])
+    defaults = sum(r["promoted"] for r in alone["defaults"])
+    assert sum(r["steps"] for r in alone["defaults"]) > 0  # it drafted: the floor, not the plan, held promotions
+    assert unguarded > 20 and defaults <= 0.05 * unguarded, (defaults, unguarded)
 
 
 @pytest.mark.parametrize("name", ["chain", "tree"])

@@ -36,6 +36,9 @@ DEFINITIONS = """\
   contain the expected sentence of the passage verbatim; for mixed, the share of its graded items (edit, quote,
   HumanEval) correct by their own measure. The general workload is not graded (speed only): "–".
 - **recovery**: accuracy / the autoregressive target's accuracy in the same cell (the lossless reference).
+- **vs lossless**: a swept row's accuracy / its lossless twin's (``adaptive@0.5`` / ``policy-only``, ``margin-k4@t``
+  / ``static-k4``) in the same cell, where both ran: in bf16 a lossless row drifts from the target alone at
+  near-ties, so this isolates what the margin rule itself changed.
 - **same as AR**: at temperature 0, share of answers token-identical to the autoregressive target's.
 - **promoted**: draft tokens AdaptiveSpec's margin rule accepted that exact verification would have rejected.
 - **free**: share of AdaptiveSpec's draft tokens copied from the requests' own text (the free source, no
@@ -79,6 +82,9 @@ def stock_set(data: dict) -> set[str]:
     return set(STOCK_SET) | selected
 
 
+LOSSLESS_TWINS = {row.name: row.lossless_twin for row in TABLE if row.lossless_twin}
+
+
 def derive(data: dict) -> None:
     """Add each cell's ``derived`` figures (ratios to AR / best static k / best stock, accuracy recovery)
     and the run's ``paired`` comparisons."""
@@ -96,8 +102,10 @@ def derive(data: dict) -> None:
         complete = stock_set(data) <= {c["config"] for c in stock}
         best_stock = max(stock, key=lambda c: c["tokens_per_s"], default=None) if complete else None
         ar_accuracy = accuracy_of(ar).get("value") if ar else None
+        by_config = {c["config"]: c for c in cells}
         for cell in cells:
             accuracy = accuracy_of(cell).get("value")
+            twin = by_config.get(LOSSLESS_TWINS.get(cell.get("row")) or "")
             cell["derived"] = {
                 "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar and ar["tokens_per_s"]),
                 "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best and best["tokens_per_s"]),
@@ -105,6 +113,8 @@ def derive(data: dict) -> None:
                 "speedup_vs_best_stock": _ratio(cell["tokens_per_s"], best_stock and best_stock["tokens_per_s"]),
                 "best_stock": best_stock["config"] if best_stock else None,
                 "accuracy_recovery": _ratio(accuracy, ar_accuracy),
+                # a swept row against its own lossless twin (adaptive@0.5 against policy-only), where both ran
+                "accuracy_vs_lossless": _ratio(accuracy, accuracy_of(twin).get("value")) if twin else None,
             }
     data["paired"] = paired(data)
 
@@ -180,6 +190,7 @@ def _row(cell: dict) -> dict[str, str]:
         "step p99 ms": _fmt(latency.get("p99"), 1),
         "accuracy": _pct(accuracy.get("value")) + (f" ({accuracy['correct']}/{accuracy['n']})" if accuracy else ""),
         "recovery": _pct(derived.get("accuracy_recovery")),
+        "vs lossless": _pct(derived.get("accuracy_vs_lossless")),
         "same as AR": _pct(match.get("identical")),
         "promoted": "–" if promoted is None else f"{promoted:g}",
         "free": _pct(free / draft_tokens) if free is not None and draft_tokens else "–",
@@ -219,7 +230,7 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
-          "step p99 ms", "accuracy", "recovery", "same as AR", "promoted", "free", "passes/token"]
+          "step p99 ms", "accuracy", "recovery", "vs lossless", "same as AR", "promoted", "free", "passes/token"]
 
 
 def columns(data: dict) -> list[str]:
@@ -230,6 +241,8 @@ def columns(data: dict) -> list[str]:
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
     if not any((c.get("derived") or {}).get("best_stock") for c in cells):
         header.remove("x best stock")  # the run lacks part of the stock set: no "best stock" to speak of
+    if not any((c.get("derived") or {}).get("accuracy_vs_lossless") is not None for c in cells):
+        header.remove("vs lossless")  # no swept row ran beside its lossless twin
     if not any("free_draft_tokens" in (c.get("adaptivespec") or {}) for c in cells):
         header.remove("free")
     if not any("drafter_passes" in (c.get("adaptivespec") or {}) for c in cells):
