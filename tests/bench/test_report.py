@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_adaptivespec.bench.plots import draw_all
-from vllm_adaptivespec.bench.report import derive, markdown
+from vllm_adaptivespec.bench.report import derive, markdown, mcnemar_p, paired_accuracy
 from vllm_adaptivespec.bench.results import ResultStore
 
 CONFIGS = [  # name, row, kind, tau, tok/s, pass@1
@@ -280,3 +280,24 @@ def test_drafter_passes_per_token_are_shown_once_the_plugin_counts_them(data):
     assert passes_per_token(by_name["dynamic"]) is None  # k changes with the batch: not known
     text = markdown(data)
     assert "| passes/token |" in text and "| 1.50 |" in text and "| 0.25 |" in text
+
+
+def test_paired_accuracy_counts_each_problem_against_the_target_and_the_lossless_twin(data):
+    failures = {"ar": {"p1", "p2", "p3"}, "policy-only": {"p1", "p2"}, "adaptive@0.5": {"p1", "p4", "p5", "p6"}}
+    for cell in data["cells"]:
+        if cell["workload"] == "humaneval" and cell["config"] in failures:
+            cell["accuracy"].update(failures=dict.fromkeys(failures[cell["config"]], "wrong"), n=10)
+    derive(data)
+    pairs = {(p["config"], p["reference"]): p for p in paired_accuracy(data)}
+    assert set(pairs) == {("policy-only", "ar"), ("adaptive@0.5", "ar"), ("adaptive@0.5", "policy-only")}
+    vs_twin = pairs[("adaptive@0.5", "policy-only")]
+    assert (vs_twin["only_reference"], vs_twin["only_config"]) == (3, 1)  # p4-p6 lost, p2 gained
+    assert vs_twin["p"] == pytest.approx(mcnemar_p(3, 1)) == pytest.approx(2 * 5 / 16)
+    assert (pairs[("adaptive@0.5", "ar")]["only_reference"], pairs[("adaptive@0.5", "ar")]["only_config"]) == (3, 2)
+    assert "## Paired accuracy" in markdown(data) and "| `adaptive@0.5` / `policy-only` | 10 | 3 | 1 | 0.625 |" in markdown(data)
+
+
+def test_mcnemar_is_exact_and_symmetric():
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(5, 5) == 1.0
+    assert mcnemar_p(0, 6) == pytest.approx(2 / 64) == pytest.approx(mcnemar_p(6, 0))
+    assert mcnemar_p(17, 6) == pytest.approx(0.0347, abs=1e-4)  # the weak-drafter math split (session 8 NOTE)

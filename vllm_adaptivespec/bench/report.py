@@ -8,6 +8,7 @@ each round's own ratio of a pinned row to its stock twin.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from .configs import STOCK_KINDS, STOCK_SET, TABLE
@@ -292,6 +293,7 @@ def markdown(data: dict) -> str:
         lines += [f"## {workload}, batch {batch}, temperature {temperature:g}", ""]
         lines += _table(header, [[_row(cell).get(column, "") for column in header] for cell in cells])
     lines += _paired_table(data.get("paired") or [])
+    lines += _paired_accuracy_table(data)
     lines += _hindsight_table(data)
     lines += _plugin_notes(data)
     lines += _repeat_notes(data)
@@ -324,6 +326,54 @@ def _paired_table(pairs: list[dict]) -> list[str]:
             "1 is what running the plugin adds to a step; overhead is the pinned row's share of step time in its own work.", "",
             *_table(["workload", "batch", "T", "pinned / stock", "step p50 ratio", "per round", "tok/s ratio",
                      "per round", "overhead"], rows)]
+
+
+def mcnemar_p(only_first: int, only_second: int) -> float:
+    """Exact two-sided McNemar test: the chance, with no difference between two paired classifiers, of a split
+    of the discordant pairs at least this uneven (binomial, n = only_first + only_second, p = 1/2)."""
+    n, k = only_first + only_second, min(only_first, only_second)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2.0 * sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n)
+
+
+def paired_accuracy(data: dict) -> list[dict]:
+    """Each graded row against the target alone (``ar``) and against its lossless twin, problem by problem, in
+    every (workload, batch, temperature) where both ran on the same problems: how many problems only the
+    reference got right, how many only this row did, and the exact McNemar p of that split. A cell's wrong
+    answers are the keys of its accuracy record's ``failures``."""
+    groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for cell in data["cells"]:
+        if cell.get("status") == "ok" and "failures" in accuracy_of(cell):
+            groups[_group(cell)][cell["config"]] = cell
+    pairs = []
+    for (workload, batch, temperature), cells in sorted(groups.items()):
+        for name, cell in cells.items():
+            references = ["ar", LOSSLESS_TWINS.get(cell.get("row"))]
+            for reference in dict.fromkeys(r for r in references if r and r != name and r in cells):
+                theirs, mine = accuracy_of(cells[reference]), accuracy_of(cell)
+                if theirs["n"] != mine["n"]:
+                    continue
+                only_reference = len(set(mine["failures"]) - set(theirs["failures"]))
+                only_mine = len(set(theirs["failures"]) - set(mine["failures"]))
+                pairs.append({"workload": workload, "batch": batch, "temperature": temperature, "config": name,
+                              "reference": reference, "n": mine["n"], "only_reference": only_reference,
+                              "only_config": only_mine, "p": mcnemar_p(only_reference, only_mine)})
+    return pairs
+
+
+def _paired_accuracy_table(data: dict) -> list[str]:
+    pairs = paired_accuracy(data)
+    if not pairs:
+        return []
+    rows = [[p["workload"], str(p["batch"]), f"{p['temperature']:g}", f"`{p['config']}` / `{p['reference']}`",
+             str(p["n"]), str(p["only_reference"]), str(p["only_config"]), f"{p['p']:.3g}"] for p in pairs]
+    return ["## Paired accuracy", "",
+            "Problem by problem against the target alone and against the row's lossless twin: problems only the "
+            "reference answered right, only this row did, and the exact two-sided McNemar p of that split (a small p: "
+            "the difference is unlikely to be chance).", "",
+            *_table(["workload", "batch", "T", "row / reference", "problems", "only reference right",
+                     "only row right", "McNemar p"], rows)]
 
 
 def _hindsight_table(data: dict) -> list[str]:
