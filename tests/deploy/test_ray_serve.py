@@ -103,7 +103,10 @@ def served():
             "model_pair": PAIR,  # target and drafter from the cache, served as "smollm2"
             "vllm_args": {
                 "speculative_config": {"method": "draft_model", "num_speculative_tokens": 4},
-                "additional_config": {"adaptivespec": {"tau": 0.5, "max_depth": 4}},
+                # smollm2's drafter agrees with its target on fewer positions than the guard's default floor
+                # (promotion_min_acceptance 0.7), which rightly leaves the margin rule idle; floor 0 lets the test
+                # see the margin sampler run in the replica (promotions in the metrics below)
+                "additional_config": {"adaptivespec": {"tau": 0.5, "max_depth": 4, "promotion_min_acceptance": 0.0}},
                 "enforce_eager": True, "max_model_len": 512, "max_num_seqs": 4,
                 "distributed_executor_backend": "uni", "seed": 0,
             }
