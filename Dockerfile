@@ -2,7 +2,7 @@
 #   docker build -t vllm-adaptivespec:gpu .
 #   docker run --gpus all -p 8000:8000 -v models:/models \
 #     -e MODEL=meta-llama/Llama-3.1-8B-Instruct -e SPEC_METHOD=eagle3 \
-#     -e DRAFT_MODEL=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B -e ADAPTIVESPEC_TAU=0.5 vllm-adaptivespec:gpu
+#     -e DRAFT_MODEL=yuhuili/EAGLE3-LLaMA3.1-Instruct-8B -e ADAPTIVESPEC_TAU=0.7 vllm-adaptivespec:gpu
 # Settings: the environment variables read by deploy/entrypoint.sh; arguments go to `vllm serve` as they are.
 FROM vllm/vllm-openai:v0.32.0
 

@@ -19,7 +19,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
     )
     parser.add_argument("--pair", default=cli_bench.DEFAULT_PAIR, help="embedded pair (default: qwen-coder)")
-    parser.add_argument("--tau", type=float, default=0.5, help="margin threshold of the lossy run (default 0.5)")
+    parser.add_argument("--tau", type=float, default=0.7, help="margin threshold of the lossy run (default 0.7, the recommended lossy tau)")
     parser.add_argument("--output", type=Path, default=Path("adaptivespec-demo"),
                         help="where results.json/results.md go (default: ./adaptivespec-demo)")
     parser.set_defaults(func=main)

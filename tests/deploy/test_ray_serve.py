@@ -44,7 +44,7 @@ def test_serve_config_is_a_valid_serve_config_for_this_app():
     assert "serve run --working-dir deploy deploy/serve_config.yaml" in (DEPLOY / "serve_config.yaml").read_text()
     assert [d.name for d in app.deployments] == [ray_serve_app.DEPLOYMENT_NAME]
     args = ray_serve_app.AppArgs.model_validate(app.args)  # no model resolution: the pair may not be built here
-    assert args.vllm_args["additional_config"]["adaptivespec"]["tau"] == 0.5
+    assert args.vllm_args["additional_config"]["adaptivespec"]["tau"] == 0.7
     assert schema.http_options.host == "127.0.0.1"
 
 
