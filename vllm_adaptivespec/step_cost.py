@@ -115,12 +115,25 @@ class BucketedTime:
                 time, so a bucket measured slow among few samples is pooled with its neighbours
         t(q)    f linear between buckets, flat below the smallest (or, with ``proportional_below``,
                 proportional to q there too), proportional to q above the largest
+
+    Old readings go stale: a bucket whose last observation is more than ``stale_after`` observations
+    (of any size) ago is left out of the fit where fresh buckets lie on both sides of it (t is
+    interpolated over it), and its next observation restarts it instead of joining readings from another
+    phase of the run.
+    Otherwise a plan avoids a size it once measured dear for good: at batch 32, plain decoding's 32-token
+    forward read 0.32 s at the start of a run, was never run again while the plan drafted 8 deep on that
+    reading, and the same forward took 0.21 s in a run that decoded plainly. ``age`` says how stale a size's
+    bucket is, so the engine can re-measure the one it compares every plan against (``AdaptiveState``'s
+    cost probe).
     """
 
-    def __init__(self, window: int = 32, proportional_below: bool = False):
+    def __init__(self, window: int = 32, proportional_below: bool = False, stale_after: int | None = None):
         self.window = window
         self.proportional_below = proportional_below
+        self.stale_after = 4 * window if stale_after is None else stale_after
         self._observed: dict[int, deque[float]] = {}  # bucket -> its last ``window`` seconds
+        self._last: dict[int, int] = {}  # bucket -> ``clock`` at its last observation
+        self.clock = 0  # observations so far, of any size
         self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, f_b), None when stale
 
     @staticmethod
@@ -131,16 +144,29 @@ class BucketedTime:
         if size < 1 or not seconds > 0:
             return
         key = self.bucket(size)
-        self._observed.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        self.clock += 1
+        readings = self._observed.setdefault(key, deque(maxlen=self.window))
+        if self.clock - self._last.get(key, self.clock) > self.stale_after:
+            readings.clear()  # a stale bucket restarts
+        readings.append(seconds)
+        self._last[key] = self.clock
         self._fitted = None
+
+    def age(self, size: int) -> int | None:
+        """Observations since ``size``'s bucket was last observed (0: the latest was one); None if never."""
+        last = self._last.get(self.bucket(size))
+        return None if last is None else self.clock - last
 
     def points(self) -> int:
         return len(self._observed)
 
     def fitted(self) -> dict[int, float]:
-        """{bucket: f_b}."""
+        """{bucket: f_b}, stale buckets between fresh ones left out."""
         if self._fitted is None:
             buckets = sorted(self._observed)
+            fresh = [b for b in buckets if self.clock - self._last[b] <= self.stale_after]
+            if len(fresh) >= 2:
+                buckets = [b for b in buckets if b in fresh or not fresh[0] < b < fresh[-1]]
             medians = [float(np.median(self._observed[b])) for b in buckets]
             counts = [len(self._observed[b]) for b in buckets]
             self._fitted = (np.array(buckets, dtype=np.float64), np.array(monotone_fit(medians, counts)))

@@ -188,3 +188,24 @@ def test_the_suffix_source_drafts_from_the_request_and_from_earlier_responses():
     assert source.cache.active_requests == {"r0", "r1"}
     state.free(["r0"])  # finished: no longer active, its response stays cached for later requests
     assert source.cache.active_requests == {"r1"} and "r0" in source.cache.cached_requests
+
+
+def test_a_batch_that_drafts_re_measures_plain_decoding_when_its_reading_goes_stale():
+    # A cheap drafter that is always right: the batch drafts every step, so plain decoding's forward
+    # (B = 8 query tokens) is never run; once that reading is stale, one step decodes plainly to read it
+    # again, and then the batch drafts again. The probe is the only off step, once per stale reading.
+    state = _state(batch=8, per_token=0.0005, base=0.05, draft=0.01)
+    stale = state.cost.stale_after
+    ran, off_steps = 0, []
+    for step in range(3 * stale):
+        if state.drafter_off():
+            off_steps.append(step)
+            state.cost.observe(8, 0.054)  # the probe's forward: plain decoding's bucket is read
+        else:
+            ran += 1
+            state.cost.observe(8 * 5, 0.07)  # a deep step's forward
+            for rid in state.request_ids():
+                state.policies[rid].observe(4, 4, 0)
+    assert len(off_steps) == 2 and ran == 3 * stale - 2
+    assert off_steps[1] - off_steps[0] == stale + 2  # the probe, stale_after + 1 forwards, then the next probe
+    assert state.off_streak == 0

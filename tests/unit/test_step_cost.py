@@ -355,3 +355,23 @@ def test_hindsight_prices_policy_fixed_depths_and_oracle_alike():
 def test_hindsight_needs_records_and_a_fitted_model():
     assert hindsight([], _costs(0.0, 1.0, 0.3, 0.0), 4) is None
     assert hindsight([{"drafted": [1], "accepted": [1], "passes": 1}], StepCosts(), 4) is None
+
+
+def test_a_stale_bucket_restarts_and_is_interpolated_over():
+    # A run's early readings (plain decoding's 32-token forward read dear) must not price that forward for
+    # the rest of the run once the engine has moved on: stale readings restart, and a stale bucket between
+    # fresh ones is left out of the fit.
+    t = BucketedTime(window=8, stale_after=10)
+    for _ in range(8):
+        t.observe(32, 0.32)
+        t.observe(64, 0.32)
+    for _ in range(11):
+        t.observe(256, 1.2)  # the plan drafts deep: only the 256-token bucket is read
+    assert t.age(32) == 12 and t.age(64) == 11 and t.age(256) == 0 and t.age(1024) is None
+    assert t.seconds(64) == pytest.approx(0.32)  # 32 is stale and at the low end: still the fit's floor
+    t.observe(32, 0.21)  # one fresh reading replaces the stale ones, not outvoted by them
+    assert t.seconds(32) == pytest.approx(0.21)
+    # 64 is stale between fresh 32 and 256: interpolated, 0.21 + (64 - 32) / (256 - 32) * (1.2 - 0.21)
+    assert t.seconds(64) == pytest.approx(0.21 + 32 / 224 * 0.99)
+    t.observe(64, 0.5)
+    assert t.seconds(64) == pytest.approx(0.5)

@@ -136,6 +136,7 @@ class AdaptiveState:
         self._hopeless = False  # that batch cannot gain from speculation at all on the measured costs
         self.probe_interval = config.probe_every  # steps off in a row before the batch probes again
         self._probing = False  # the last drafter step ran only because the batch was due a probe
+        self._cost_probed: int | None = None  # ``cost.clock`` at the last cost probe (``_cost_probe``)
         self.forward_started: float | None = None
         self._step_started: float | None = None
         self._step_target_seconds = self._step_draft_seconds = 0.0
@@ -175,7 +176,11 @@ class AdaptiveState:
         self.step.draft_cost = draft_cost
         plan = None
         chains = self.config.mode == "chain"
-        if self._random_shapes is None and self.planned and (chains or self.free_drafts is not None):
+        # An EAGLE head cannot skip its first pass (``drafter_off``), so its cost probe is a step of no drafts.
+        probe = self._random_shapes is None and self._random_off is None and self._cost_probe(batch)
+        if probe:
+            self._choose_free(req_ids, [0] * batch, [False] * batch)
+        elif self._random_shapes is None and self.planned and (chains or self.free_drafts is not None):
             plan = plan_depths(
                 self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
                 min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off,
@@ -203,8 +208,8 @@ class AdaptiveState:
                 else policy.shape(float(confidence[row]), batch_size=batch, node_cap=cap, draft_cost=draft_cost)
                 for row, (policy, free) in enumerate(zip(policies, free_rows))
             ]  # fmt: skip
-        if self.behind:  # their drafter KV has a hole this pass: their drafts would be guesses
-            shapes = [TreeShape(0, 1, 0) if rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
+        if self.behind or probe:  # a hole in their drafter KV this pass: their drafts would be guesses
+            shapes = [TreeShape(0, 1, 0) if probe or rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
         for rid, shape in zip(req_ids, shapes):
             self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1  # steps without a drafter draft
         self.step.add_depths(d if free else shape.depth for d, free, shape in zip(plan.depths if plan else [0] * batch,
@@ -275,6 +280,24 @@ class AdaptiveState:
         policy = self.policies[rid]
         return pooled if policy.judged == 0 and pooled is not None else policy.acceptance_rate
 
+    def _cost_probe(self, batch: int) -> bool:
+        """Whether this step decodes plainly, no drafts at all, to re-measure plain decoding's forward: the
+        step plan prices every plan against t_target(B), which a step that drafts never runs, so once its
+        bucket's reading is stale (``BucketedTime.age`` over ``stale_after`` forwards, or never read) one step
+        reads it again. At most one probe per ``stale_after // 4`` forwards (a probe that meets a prefill
+        reads a larger forward and is retried then). Only where the plan may switch speculation off; costs
+        at most one step's drafts in ``stale_after`` steps."""
+        cost = self.cost
+        if not (self.planned and self.config.allow_off and self.step_costs.ready()):
+            return False
+        age = cost.age(batch)
+        if age is not None and age <= cost.stale_after:
+            return False
+        if self._cost_probed is not None and cost.clock - self._cost_probed <= cost.stale_after // 4:
+            return False
+        self._cost_probed = cost.clock
+        return True
+
     def _must_probe(self, rid: str) -> bool:
         """The request went ``probe_interval`` steps without a draft: it drafts ``min_depth`` this step, to
         refresh its acceptance estimate (the cost of looking)."""
@@ -291,16 +314,20 @@ class AdaptiveState:
         still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets
         it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
         wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
-        answer, and a probe would pay the drafter's catch-up for nothing."""
+        answer, and a probe would pay the drafter's catch-up for nothing. The other way round, a batch that
+        drafts is switched off for one step when the plain forward's cost reading is stale (``_cost_probe``)."""
         cfg = self.config
         req_ids = self.request_ids()
         free_depths = [0] * len(req_ids)
+        probe = False
         if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
         elif self._random_shapes is not None:  # debug knob: a random drafter shape every step, so the drafter runs
             off = False
         elif not cfg.allow_off or not self.planned:
             off = False
+        elif self._cost_probe(len(req_ids)):
+            off = probe = True
         elif self.off_streak and req_ids == self._off_batch:  # nothing was verified since: same decision
             off = self._hopeless or self.off_streak < self.probe_interval
             self._probing = not off
@@ -322,7 +349,7 @@ class AdaptiveState:
                     free_depths = [d if f else 0 for d, f in zip(plan.depths, plan.free or [False] * len(req_ids))]
         self.off_streak = self.off_streak + 1 if off else 0
         # The same batch, off again with nothing verified in between, gets the same answer without a new plan.
-        self._off_batch = req_ids if off and not any(free_depths) else None
+        self._off_batch = req_ids if off and not probe and not any(free_depths) else None
         if off:
             self._pending_passes, self._pending_empty = 0, True
             for rid in req_ids:
