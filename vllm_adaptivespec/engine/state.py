@@ -319,6 +319,7 @@ class AdaptiveState:
         cfg = self.config
         req_ids = self.request_ids()
         free_depths = [0] * len(req_ids)
+        free = self._free_estimates(req_ids)  # this step's copies: a new one is worth a new plan
         probe = False
         if self._random_off is not None:  # debug knob: whatever the settings
             off = self._random_off.random() < 0.5
@@ -328,12 +329,12 @@ class AdaptiveState:
             off = False
         elif self._cost_probe(len(req_ids)):
             off = probe = True
-        elif self.off_streak and req_ids == self._off_batch:  # nothing was verified since: same decision
-            off = self._hopeless or self.off_streak < self.probe_interval
+        elif self.off_streak and req_ids == self._off_batch and not any(n for n, _ in free or ()):
+            off = self._hopeless or self.off_streak < self.probe_interval  # nothing verified since: same answer
             self._probing = not off
         else:
             plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth,
-                               free=self._free_estimates(req_ids))  # fmt: skip
+                               free=free)  # fmt: skip
             if plan is None or plan.passes > 0:
                 off = self._hopeless = self._probing = False
                 if plan is not None:
@@ -348,7 +349,8 @@ class AdaptiveState:
                     self._choose_free(req_ids, plan.depths, plan.free)
                     free_depths = [d if f else 0 for d, f in zip(plan.depths, plan.free or [False] * len(req_ids))]
         self.off_streak = self.off_streak + 1 if off else 0
-        # The same batch, off again with nothing verified in between, gets the same answer without a new plan.
+        # The same batch, off again with nothing verified in between and no copy on offer, gets the same answer
+        # without a new plan.
         self._off_batch = req_ids if off and not probe and not any(free_depths) else None
         if off:
             self._pending_passes, self._pending_empty = 0, True
