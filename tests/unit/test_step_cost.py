@@ -252,6 +252,20 @@ def test_bucketed_time_interpolates_and_extrapolates():
     assert t.seconds(32) == pytest.approx(4.0)  # proportional above
 
 
+def test_a_bucket_is_placed_at_the_sizes_it_was_read_at():
+    # Batch 32 drafting 4-6 deep reads forwards of 160-224 tokens into bucket 256; a true cost linear in q
+    # must be priced at those sizes as read, not as if they had been read at 256 (30% too cheap at 192).
+    t = BucketedTime(window=8)
+    for q in (32, 32, 160, 192, 192, 224):
+        t.observe(q, 0.2 + 0.004 * (q - 32))
+    assert t.seconds(192) == pytest.approx(0.2 + 0.004 * 160)
+    assert t.seconds(100) == pytest.approx(0.2 + 0.004 * 68)  # linear between (32, 0.2) and (192, 0.84)
+    assert t.fitted() == {32: pytest.approx(0.2), 192: pytest.approx(0.84)}
+    assert StepCosts.from_snapshot({"target": t.fitted(), "draft_pass": {8: 0.1}, "fixed": 0.0}).target.seconds(
+        192
+    ) == pytest.approx(0.84)
+
+
 def _brute_force_monotone_fit(values, weights):
     """The isotonic fit is constant on contiguous blocks, each at its weighted mean: try every split into
     blocks whose means do not decrease and keep the one with the least weighted squared error."""
