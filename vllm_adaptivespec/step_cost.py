@@ -42,7 +42,10 @@ seconds per emitted token, t / E (a pass's rows share one read of the drafter's 
 tried. Then the user's
 floor applies: a request that drafts drafts at least ``min_depth`` (raised, not dropped), and with
 ``allow_off`` false every request drafts at least ``min_depth``. A plan must beat the next smaller D
-by ``MIN_GAIN`` to be chosen, so equal rates keep the cheaper step (and plain decoding).
+by ``MIN_GAIN`` to be chosen, so equal rates keep the cheaper step, and any speculation must beat plain
+decoding by ``MIN_GAIN_OVER_PLAIN``: the fitted prices err by about that much, and a wrong "on" costs more
+than a wrong "off" gives up (at batch 8 on 2 cores the plan priced plain decoding's step at 154 ms where it
+ran 139 ms, and a depth-1 plan it priced at break-even ran 14% slower than plain decoding).
 
 Free drafts (``free``: per request a draft of L_i tokens copied from its own text, with per-position
 acceptance estimate q_i; L_i = 0: none) cost verification but no drafter pass. With them a request
@@ -86,6 +89,7 @@ from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.policy import SequencePolicy, clamped_confidence
 
 MIN_GAIN = 0.01  # a deeper plan must be at least 1% faster than the best shallower one
+MIN_GAIN_OVER_PLAIN = 0.05  # and any speculation 5% faster than plain decoding (the prices' error)
 
 
 def monotone_fit(values: Sequence[float], weights: Sequence[float]) -> list[float]:
@@ -307,7 +311,8 @@ def plan_depths(
         passes = depth if (~use_free & (cap > 0)).any() else 0  # D: free chains need no pass
         rates = total / (fixed + costs.target.seconds(batch + n) + _drafter_seconds(costs, batch, total, passes))
         pick = int(np.argmax(rates))
-        if rates[pick] > best_rate * (1.0 + MIN_GAIN):
+        speculating = bool(best_depths.any())
+        if rates[pick] > best_rate * (1.0 + (MIN_GAIN if speculating else MIN_GAIN_OVER_PLAIN)):
             best_rate = float(rates[pick])
             best_depths = np.bincount(order[: pick + 1] // width, minlength=batch)
             best_free = use_free & (best_depths > 0)
