@@ -142,11 +142,10 @@ class BucketedTime:
         self.window = window
         self.proportional_below = proportional_below
         self.stale_after = 4 * window if stale_after is None else stale_after
-        self._observed: dict[int, deque[float]] = {}  # bucket -> its last ``window`` seconds
-        self._sizes: dict[int, deque[int]] = {}  # bucket -> the sizes of those observations
+        self._observed: dict[int, deque[tuple[int, float]]] = {}  # bucket -> its last ``window`` (size, seconds)
         self._last: dict[int, int] = {}  # bucket -> ``clock`` at its last observation
         self.clock = 0  # observations so far, of any size
-        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (buckets, f_b), None when stale
+        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (x_b, f_b), None when stale
 
     @staticmethod
     def bucket(size: int) -> int:
@@ -158,12 +157,9 @@ class BucketedTime:
         key = self.bucket(size)
         self.clock += 1
         readings = self._observed.setdefault(key, deque(maxlen=self.window))
-        sizes = self._sizes.setdefault(key, deque(maxlen=self.window))
         if self.clock - self._last.get(key, self.clock) > self.stale_after:
             readings.clear()  # a stale bucket restarts
-            sizes.clear()
-        readings.append(seconds)
-        sizes.append(size)
+        readings.append((size, seconds))
         self._last[key] = self.clock
         self._fitted = None
 
@@ -182,9 +178,10 @@ class BucketedTime:
             fresh = [b for b in buckets if self.clock - self._last[b] <= self.stale_after]
             if len(fresh) >= 2:
                 buckets = [b for b in buckets if b in fresh or not fresh[0] < b < fresh[-1]]
-            sizes = [float(np.median(self._sizes[b])) for b in buckets]  # increasing: buckets are disjoint
-            medians = [float(np.median(self._observed[b])) for b in buckets]
-            counts = [len(self._observed[b]) for b in buckets]
+            readings = [np.asarray(self._observed[b], dtype=np.float64) for b in buckets]  # [n_b, 2] (size, s)
+            sizes = [float(np.median(r[:, 0])) for r in readings]  # x_b, increasing: buckets are disjoint
+            medians = [float(np.median(r[:, 1])) for r in readings]
+            counts = [len(r) for r in readings]
             self._fitted = (np.array(sizes, dtype=np.float64), np.array(monotone_fit(medians, counts)))
         xs, ys = self._fitted
         return {int(round(x)): float(y) for x, y in zip(xs, ys)}
