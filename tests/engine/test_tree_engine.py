@@ -108,7 +108,9 @@ def test_sampled_trees_follow_the_target_distribution(tiny_models, tiny_prompts)
     copies, new_tokens, temperature = 240, 6, 0.3
     prompt = tiny_prompts[1]
     result = run_engine(
-        {**_spec(tiny_models, [prompt] * copies, adaptivespec={**TREE, "max_width": 4}, max_tokens=new_tokens),
+        # allow_off false: the test is of the sampler over trees, whatever the step plan would price them at
+        {**_spec(tiny_models, [prompt] * copies, adaptivespec={**TREE, "max_width": 4, "allow_off": False},
+                 max_tokens=new_tokens),
          "batch_sizes": [copies], "temperature": temperature}
     )  # fmt: skip
     assert result["metrics"]["vllm:spec_decode_num_accepted_tokens"] > 100
