@@ -384,6 +384,11 @@ class ShrunkAcceptance:
     def rate(self, b: int, prior: float) -> float:
         return float((self.accepted[b] + self.prior_weight * prior) / (self.judged[b] + self.prior_weight))
 
+    def mean(self) -> float | None:
+        """The first-token acceptance over every bin, sum_b accepted_b / sum_b judged_b (None before any)."""
+        judged = float(self.judged.sum())
+        return float(self.accepted.sum()) / judged if judged else None
+
 
 class ConfidenceCalibration(ShrunkAcceptance):
     """What the drafter's top-1 confidence is worth: ``ShrunkAcceptance`` over ``bins`` equal confidence

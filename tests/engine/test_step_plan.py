@@ -81,6 +81,23 @@ def test_a_new_request_starts_from_the_pooled_acceptance():
     assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
 
 
+def test_before_the_first_pass_a_confidence_counts_at_its_calibrated_expectation():
+    # The drafter's first token was accepted 1 time in 4 so far, whatever its confidence said: before the
+    # first pass (no confidence yet) the fused estimate takes that in place of cal(c_i), as the plan after
+    # the pass will most likely see it; with no judged first token, history alone.
+    state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01, confidence_weight=0.5)
+    state.policies["r0"].observe(4, 4, 0)
+    state.policies["r1"].observe(4, 0, 0)
+    assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
+    for accepted in (True, False, False, False):
+        state.calibration.observe(0.95, accepted)
+    assert state.calibration.mean() == 0.25
+    assert state.acceptance_estimates(["r0", "r1"]) == pytest.approx([0.625, 0.125])
+    # After the pass each request's own confidence is read through the calibration, as before.
+    c = state.calibration(0.95)
+    assert state.acceptance_estimates(["r0", "r1"], [0.95, 0.95]) == pytest.approx([0.5 * c + 0.5, 0.5 * c])
+
+
 def test_the_drafter_lags_from_where_it_first_saw_a_request():
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
     state.drafter_seen([30, 0])  # r0 came with 30 prefix-cached tokens, r1 with none

@@ -266,12 +266,18 @@ class AdaptiveState:
     def acceptance_estimates(self, req_ids: list[str], confidence: list[float] | None = None) -> list[float]:
         """Each request's per-position acceptance estimate p_i for the step plan: its rolling history a_i,
         fused with its calibrated drafter confidence once the first pass has given one:
-        p_i = w * cal(c_i) + (1 - w) * a_i, w = ``confidence_weight``."""
+        p_i = w * cal(c_i) + (1 - w) * a_i, w = ``confidence_weight``. Before the first pass (whether
+        to run the drafter at all) c_i is unknown and cal(c_i) is taken at its expectation, the drafter's
+        first-token acceptance so far: p_i = w * mean_cal + (1 - w) * a_i (a_i alone before any draft was
+        judged). So the step is priced on the estimate the plan after the first pass will most likely
+        see: with a_i alone, a drafter whose confidence the calibration reads low was run for its first
+        pass and then given depth 0 (batch 8, 2 CPU cores: 4 of the first 10 steps)."""
         pooled = self.pooled.rate()
         history = [self._history(rid, pooled) for rid in req_ids]
-        if confidence is None:
-            return history
         w = self.config.confidence_weight
+        if confidence is None:
+            expected = self.calibration.mean()
+            return history if expected is None else [w * expected + (1.0 - w) * a for a in history]
         return [w * self.calibration(c) + (1.0 - w) * a for c, a in zip(confidence, history)]
 
     def _history(self, rid: str, pooled: float | None) -> float:

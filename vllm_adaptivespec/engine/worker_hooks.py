@@ -14,9 +14,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.worker import gpu_model_runner as gmr
 
+from vllm_adaptivespec.engine.cost_profile import profile_step_costs
 from vllm_adaptivespec.engine.patching import BackendOverride, ScopedSwap, VllmPatch
 from vllm_adaptivespec.engine.proposer import AdaptiveDraftModelProposer, AdaptiveEagleProposer
 from vllm_adaptivespec.engine.sampler import MarginRejectionSampler
@@ -24,6 +26,8 @@ from vllm_adaptivespec.engine.settings import debug_settings, settings_for
 from vllm_adaptivespec.engine.state import AdaptiveState
 from vllm_adaptivespec.engine.tree_attention import attach_verification_plan
 from vllm_adaptivespec.engine.tree_step import TreeStep
+
+logger = init_logger("vllm.adaptivespec")
 
 
 @dataclass
@@ -77,6 +81,15 @@ class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
         )
         self.drafter.adaptive_state = self.adaptivespec
         self.rejection_sampler.adaptive_state = self.adaptivespec
+
+    def initialize_kv_cache(self, kv_cache_config, is_profiling=False, *args, **kwargs):
+        """time target and drafter forwards on dummy inputs: the step plan's prices before the first step"""
+        GPUModelRunnerPatch.stock.initialize_kv_cache(self, kv_cache_config, is_profiling, *args, **kwargs)
+        state = _state(self)
+        if state is not None and state.planned and not is_profiling:
+            started = time.perf_counter()
+            sizes = profile_step_costs(self, state.cost, state.step_costs.draft_pass)
+            logger.info("AdaptiveSpec: step costs profiled at %d sizes in %.1f s", sizes, time.perf_counter() - started)
 
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
         """lay out draft trees: depth positions, ancestor-mask attention plan"""
