@@ -269,9 +269,10 @@ class AdaptiveState:
         p_i = w * cal(c_i) + (1 - w) * a_i, w = ``confidence_weight``. Before the first pass (whether
         to run the drafter at all) c_i is unknown and cal(c_i) is taken at its expectation, the drafter's
         first-token acceptance so far: p_i = w * mean_cal + (1 - w) * a_i (a_i alone before any draft was
-        judged). So the step is priced on the estimate the plan after the first pass will most likely
-        see: with a_i alone, a drafter whose confidence the calibration reads low was run for its first
-        pass and then given depth 0 (batch 8, 2 CPU cores: 4 of the first 10 steps)."""
+        judged). So whether to pay for the first pass is priced on the estimate the plan after it sees on
+        average; with a_i alone a drafter whose confidence the calibration reads low was run for its
+        first pass and then given depth 0 (one batch-8 run on 2 CPU cores: 5 of its first 11 steps; such
+        steps still occur with the expectation, since single confidences vary around it)."""
         pooled = self.pooled.rate()
         history = [self._history(rid, pooled) for rid in req_ids]
         w = self.config.confidence_weight
