@@ -25,6 +25,8 @@ import time
 import torch
 from vllm.forward_context import set_forward_context
 
+from vllm_adaptivespec.step_cost import StepCosts
+
 PROFILE_SECONDS = 4.0  # wall-clock the profile may spend (it finishes the size it started)
 
 
@@ -38,9 +40,10 @@ def profile_sizes(max_num_seqs: int, num_speculative_tokens: int, max_num_batche
     return sizes if sizes[-1] == largest else [*sizes, largest]
 
 
-def profile_step_costs(runner, target_costs, draft_costs, budget_s: float = PROFILE_SECONDS) -> int:
+def profile_step_costs(runner, costs: StepCosts, budget_s: float = PROFILE_SECONDS) -> int:
     """Time the target (``runner.model``) and the drafter (``runner.drafter.model``) on dummy inputs and
-    record the readings: ``target_costs.observe(q, seconds)``, ``draft_costs.observe(r, seconds)``.
+    record the readings in the step-cost model: ``costs.target.observe(q, seconds)``,
+    ``costs.draft_pass.observe(r, seconds)``.
     Returns the number of sizes profiled (0: the runner has nothing this profile can time)."""
     drafter = getattr(runner, "drafter", None)
     if getattr(runner, "supports_mm_inputs", False) or getattr(drafter, "model", None) is None:
@@ -78,8 +81,8 @@ def profile_step_costs(runner, target_costs, draft_costs, budget_s: float = PROF
         for n in sizes:
             if time.perf_counter() - began > budget_s:
                 break
-            target_costs.observe(n, timed(target, n))
-            draft_costs.observe(n, timed(draft, n))
+            costs.target.observe(n, timed(target, n))
+            costs.draft_pass.observe(n, timed(draft, n))
             done += 1
     return done
 

@@ -88,7 +88,7 @@ class GPUModelRunnerPatch(VllmPatch[gmr.GPUModelRunner]):
         state = _state(self)
         if state is not None and state.planned and not is_profiling:
             started = time.perf_counter()
-            sizes = profile_step_costs(self, state.cost, state.step_costs.draft_pass)
+            sizes = profile_step_costs(self, state.step_costs)
             logger.info("AdaptiveSpec: step costs profiled at %d sizes in %.1f s", sizes, time.perf_counter() - started)
 
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
