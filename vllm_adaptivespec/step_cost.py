@@ -66,10 +66,23 @@ brute force, and against the best of all plans in random batches of up to 3 requ
 ``min_depth`` raises drafter chains only (a free chain is as long as its match allows).
 
 Speculation off (``max(d) == 0`` before the first pass) means the step runs no drafter pass at all; the
-tokens it emits wait for the drafter's catch-up at its next pass.
-Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1: when even a
-drafter that is always right loses to plain decoding at this batch size on these costs, no acceptance
-estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
+tokens it emits wait for the drafter's catch-up at its next pass. That catch-up is what turning the drafter
+back on costs beyond a step that drafts anyway: its first pass runs over R rows, every token the drafter
+missed (a prompt whose prefill skipped it included) and the last step's, where a drafting batch's first pass
+runs over about B. It is paid once and repays over the T tokens the batch is expected to emit from here
+(``OutputLengths``), so before the first pass a plan that drafts is charged it per emitted token:
+
+    catch_up   = max(0, t_pass(R) - t_pass(B)) / T          seconds per emitted token
+    drafter(d) = catch_up * E(d) + t_pass(E(d)) + (D - 1) t_pass(B)     when D > 0
+
+(E / (a + catch_up E) still rises with E, so the N-largest search stays exact.) Charged for one step only,
+the backlog would keep a batch off for good once it had been off a while (the backlog grows with every
+step off); never charged, a batch at 2 CPU cores turned a drafter that did not pay back on every few steps,
+each time for a catch-up pass over hundreds to thousands of rows (1.5-6 s a step, where a plain step took
+0.5 s). After the first pass (how deep?) the catch-up is paid and ``catch_up`` is 0.
+Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1, catch-up included:
+when even a drafter that is always right loses to plain decoding at this batch size on these costs, no
+acceptance estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
 
 A request with no acceptance history of its own starts from the engine's pooled acceptance
 (``PooledAcceptance``: the same per-position rate over the last judged drafts of every request), so a
@@ -271,9 +284,11 @@ def plan_depths(
     max_depth: int,
     allow_off: bool = True,
     free: Sequence[tuple[int, float]] | None = None,
+    catch_up: float = 0.0,
 ) -> StepPlan | None:
     """The plan of the module docstring for requests with per-position acceptance ``acceptance`` and,
-    optionally, free drafts ``free`` ((L_i, q_i) per request). None while the cost model is not ready."""
+    optionally, free drafts ``free`` ((L_i, q_i) per request) and the drafter's catch-up ``catch_up``
+    (seconds per emitted token, ``catch_up_per_token``). None while the cost model is not ready."""
     if not costs.ready() or not acceptance:
         return None
     p = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0)  # [B]
@@ -306,7 +321,8 @@ def plan_depths(
         total = batch + np.cumsum(gains[order])  # E for N = 1..sum(cap)
         n = np.arange(1, order.shape[0] + 1)
         passes = depth if (~use_free & (cap > 0)).any() else 0  # D: free chains need no pass
-        rates = total / (fixed + costs.target.seconds(batch + n) + _drafter_seconds(costs, batch, total, passes))
+        drafter = _drafter_seconds(costs, batch, total, passes, catch_up)
+        rates = total / (fixed + costs.target.seconds(batch + n) + drafter)
         pick = int(np.argmax(rates))
         speculating = bool(best_depths.any())
         if rates[pick] > best_rate * (1.0 + (MIN_GAIN if speculating else MIN_GAIN_OVER_PLAIN)):
@@ -321,13 +337,24 @@ def plan_depths(
     return StepPlan([int(d) for d in depths], best_rate, plain_rate, None if free is None else best_free.tolist())
 
 
-def _drafter_seconds(costs: StepCosts, batch: int, emitted, passes):
+def _drafter_seconds(costs: StepCosts, batch: int, emitted, passes, catch_up: float = 0.0):
     """drafter(d) of the module docstring for a step of ``batch`` requests that emits ``emitted`` tokens
     and drafts ``passes`` = D levels from the drafter (either may be an array: elementwise):
-    t_pass(emitted) + (D - 1) t_pass(B), 0 when D = 0."""
+    catch_up * emitted + t_pass(emitted) + (D - 1) t_pass(B), 0 when D = 0."""
     passes = np.asarray(passes)
     first = costs.draft_pass.seconds(emitted, min_points=1)  # next step's first pass, over the emitted tokens
-    return np.where(passes > 0, first + (passes - 1) * costs.draft_pass.seconds(batch, min_points=1), 0.0)
+    seconds = catch_up * emitted + first + (passes - 1) * costs.draft_pass.seconds(batch, min_points=1)
+    return np.where(passes > 0, seconds, 0.0)
+
+
+def catch_up_per_token(costs: StepCosts, batch: int, rows: int, tokens_ahead: float | None) -> float:
+    """``catch_up`` of the module docstring: max(0, t_pass(R) - t_pass(B)) / T for a first pass over
+    ``rows`` = R rows in a batch of B, the batch expected to emit ``tokens_ahead`` = T more tokens (at least
+    one). 0 while no drafter pass is timed or T is unknown (None)."""
+    if tokens_ahead is None or rows <= batch or costs.draft_pass.points() == 0:
+        return 0.0
+    extra = costs.draft_pass.seconds(rows, min_points=1) - costs.draft_pass.seconds(batch, min_points=1)
+    return max(0.0, float(extra)) / max(1.0, tokens_ahead)
 
 
 def _chain_yield(a: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -336,12 +363,33 @@ def _chain_yield(a: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.where(k <= length[:, None], a[:, None] ** k, 0.0).sum(1)
 
 
-def could_pay(costs: StepCosts, batch: int, max_depth: int) -> bool:
-    """Whether any speculation could beat plain decoding for ``batch`` requests on ``costs``: the plan
-    with every acceptance estimate 1 (a drafter that is never wrong) drafts something. True while the
-    cost model is not ready (nothing rules looking out yet)."""
-    plan = plan_depths([1.0] * batch, costs, 1, max_depth)
+def could_pay(costs: StepCosts, batch: int, max_depth: int, catch_up: float = 0.0) -> bool:
+    """Whether any speculation could beat plain decoding for ``batch`` requests on ``costs`` after a
+    catch-up of ``catch_up`` seconds per emitted token: the plan with every acceptance estimate 1 (a
+    drafter that is never wrong) drafts something. True while the cost model is not ready (nothing rules
+    looking out yet)."""
+    plan = plan_depths([1.0] * batch, costs, 1, max_depth, catch_up=catch_up)
     return plan is None or plan.passes > 0
+
+
+class OutputLengths:
+    """How many more tokens a running request is expected to emit, from the output lengths of the last
+    ``window`` requests that finished (T of the module docstring is the sum over the batch):
+
+        ahead(n, m) = mean of (L - n) over the recent lengths L > n, at most m - n
+                    = m - n      when no recent length exceeds n (nothing says it ends sooner)
+
+    n: the request's output so far; m: the most it may emit (its max_tokens, or what its context leaves)."""
+
+    def __init__(self, window: int = 64):
+        self._lengths: deque[int] = deque(maxlen=window)
+
+    def observe(self, length: int) -> None:
+        self._lengths.append(length)
+
+    def ahead(self, n: int, m: int) -> float:
+        longer = [length - n for length in self._lengths if length > n]
+        return float(max(0, m - n)) if not longer else min(float(np.mean(longer)), float(max(0, m - n)))
 
 
 class PooledAcceptance:

@@ -116,7 +116,7 @@ def _free_state(batch: int, draft: float, **settings) -> AdaptiveState:
     state = _state(batch=batch, per_token=0.0005, base=0.05, draft=draft, **settings)
     table = np.array([[1, 2, 3, 4, 5, 6] * 4] * batch, dtype=np.int32)
     state._runner.input_batch.token_ids_cpu = table
-    state._runner.requests = {rid: SimpleNamespace(num_prompt_tokens=6) for rid in state.request_ids()}
+    state._runner.requests = {rid: SimpleNamespace(num_prompt_tokens=6, output_token_ids=[]) for rid in state.request_ids()}
     return state
 
 
@@ -228,3 +228,42 @@ def test_a_batch_that_drafts_re_measures_plain_decoding_when_its_reading_goes_st
     assert len(off_steps) == 2 and ran == 3 * stale - 2
     assert off_steps[1] - off_steps[0] == stale + 2  # the probe, stale_after + 1 forwards, then the next probe
     assert state.off_streak == 0
+
+
+def _with_requests(state: AdaptiveState, outputs: int, max_tokens: int, prompt: int = 100) -> None:
+    """Give every request of the fake runner ``outputs`` tokens of output so far out of ``max_tokens``."""
+    state._runner.max_model_len = 4096
+    state._runner.requests = {
+        rid: SimpleNamespace(output_token_ids=[7] * outputs, num_tokens=prompt + outputs,
+                             sampling_params=SimpleNamespace(max_tokens=max_tokens))
+        for rid in state.request_ids()
+    }  # fmt: skip
+
+
+def test_a_backlog_is_caught_up_only_when_the_tokens_ahead_repay_it():
+    # A drafter pass over the batch a fifth of a forward (0.01 s over 8 rows, 1.28 s over 1,024); the drafter
+    # is right 90% of the time: a drafting step pays (298 tok/s against 148 plain: 3.4 ms saved a token), and
+    # a catch-up over 1,000 rows (1.24 s more than a pass over the batch) needs some 370 tokens to repay.
+    state = _state(batch=8, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.9)
+    state.step_costs.draft_pass.observe(1024, 1.28)
+    _with_requests(state, outputs=10, max_tokens=2000)
+    assert not state.drafter_off(rows=8)  # a drafting batch owes the last step's tokens only
+    assert not state.drafter_off(rows=1000)  # 1,000 rows owed, 15,920 tokens ahead
+    state._runner.input_batch.req_ids = list(state.request_ids())  # a fresh plan (not the same off batch)
+    _with_requests(state, outputs=1990, max_tokens=2000)  # 80 tokens ahead: the catch-up cannot be repaid
+    assert state.drafter_off(rows=1000)
+    # Not even a never-wrong drafter repays it: no probe while this batch stays (its backlog only grows).
+    assert all(state.drafter_off(rows=1000 + 8 * k) for k in range(1, 100))
+
+
+def test_finished_requests_teach_how_many_tokens_a_request_has_ahead():
+    state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
+    _with_requests(state, outputs=0, max_tokens=500)
+    assert state.tokens_ahead(state.request_ids()) == 1000  # nothing finished yet: max_tokens each
+    state._runner.requests["r0"].output_token_ids = [7] * 40
+    state.free(["r0"])  # r0 finished after 40 tokens
+    del state._runner.requests["r0"]  # as the runner drops it after the hook
+    assert state.tokens_ahead(["r1"]) == 40  # r1 has 0: the finished ones ran 40 more
+    state._runner.requests["r1"].output_token_ids = [7] * 60
+    assert state.tokens_ahead(["r1"]) == 440  # past every finished length: what max_tokens leaves
+    assert state.tokens_ahead(["r0", "r1"]) is None  # the runner does not know r0 any more

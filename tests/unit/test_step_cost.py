@@ -13,8 +13,10 @@ from vllm_adaptivespec.step_cost import (
     MIN_GAIN_OVER_PLAIN,
     BucketedTime,
     ConfidenceCalibration,
+    OutputLengths,
     PooledAcceptance,
     StepCosts,
+    catch_up_per_token,
     could_pay,
     hindsight,
     monotone_fit,
@@ -36,19 +38,20 @@ def _costs(per_token: float, base: float, draft: float, fixed: float, draft_per_
     return costs
 
 
-def _drafter(costs, batch, emitted, deepest):
-    """drafter(d) of the module docstring: the next first pass over the emitted tokens, then D - 1 over B."""
+def _drafter(costs, batch, emitted, deepest, catch_up=0.0):
+    """drafter(d) of the module docstring: the catch-up charged per emitted token, the next first pass over
+    the emitted tokens, then D - 1 over B."""
     if deepest == 0:
         return 0.0
-    return costs.draft_pass.seconds(emitted, 1) + (deepest - 1) * costs.draft_pass.seconds(batch, 1)
+    return catch_up * emitted + costs.draft_pass.seconds(emitted, 1) + (deepest - 1) * costs.draft_pass.seconds(batch, 1)
 
 
-def _rate(depths, p, costs):
+def _rate(depths, p, costs, catch_up=0.0):
     """E(d) / t(d) straight from the module docstring."""
     batch = len(p)
     emitted = batch + sum(sum(pi**k for k in range(1, d + 1)) for pi, d in zip(p, depths))
-    seconds = costs.fixed + costs.target.seconds(batch + sum(depths)) + _drafter(costs, batch, emitted, max(depths))
-    return emitted / seconds
+    drafter = _drafter(costs, batch, emitted, max(depths), catch_up)
+    return emitted / (costs.fixed + costs.target.seconds(batch + sum(depths)) + drafter)
 
 
 @FAST
@@ -68,6 +71,64 @@ def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_to
     assert plan.rate == pytest.approx(_rate(plan.depths, p, costs), rel=1e-9)
     _assert_near_best(plan, best)
     assert all(0 <= d <= max_depth for d in plan.depths)
+
+
+@FAST
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
+    st.integers(1, 4),
+    st.floats(0.0, 0.05),
+    st.floats(0.01, 1.0),
+    st.floats(0.001, 1.0),
+    st.floats(0.0, 0.02),
+    st.floats(0.0, 0.2),
+)
+def test_plan_with_a_catch_up_is_within_min_gain_of_the_brute_force_optimum(
+    p, max_depth, per_token, base, draft, per_row, catch_up
+):
+    costs = _costs(per_token, base, draft, 0.01, per_row)
+    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, catch_up=catch_up)
+    best = max(
+        _rate(list(d), p, costs, catch_up) for d in itertools.product(range(max_depth + 1), repeat=len(p))
+    )
+    assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, catch_up), rel=1e-9)
+    _assert_near_best(plan, best)
+
+
+def test_the_catch_up_is_the_first_pass_beyond_a_drafting_steps_spread_over_the_tokens_ahead():
+    # t_pass(r) = 0.09 + 0.01 r, measured up to 64 rows (proportional beyond: compute bound)
+    costs = _costs(per_token=0.0, base=1.0, draft=0.1, fixed=0.0, draft_per_row=0.01)
+    # 8 requests, 40 rows owed (32 tokens missed + the last step's 8): 0.32 s more than a pass over 8 rows,
+    # over the 512 tokens ahead.
+    assert catch_up_per_token(costs, 8, 40, 512.0) == pytest.approx(0.32 / 512)
+    assert catch_up_per_token(costs, 8, 264, 512.0) == pytest.approx((0.73 * 264 / 64 - 0.17) / 512)
+    assert catch_up_per_token(costs, 8, 8, 512.0) == 0.0  # a drafting batch's own first pass: nothing owed
+    assert catch_up_per_token(costs, 8, 40, None) == 0.0  # nothing known ahead: not priced
+    assert catch_up_per_token(costs, 8, 40, 0.0) == pytest.approx(0.32)  # nothing ahead: at least one token
+    assert catch_up_per_token(StepCosts(), 8, 40, 512.0) == 0.0  # no drafter pass timed yet
+
+
+def test_a_backlog_the_tokens_ahead_cannot_repay_keeps_the_drafter_off():
+    # A drafter that pays at 60% acceptance (4 requests at depth 2: 5.3 tok/s against plain decoding's 3.8):
+    # with 600 rows owed (1.4 s more than a pass over the batch) it still pays over 2,000 tokens ahead, not
+    # over 20, and not even a never-wrong drafter repays it over 5.
+    costs = _costs(per_token=0.0, base=1.0, draft=0.2, fixed=0.05, draft_per_row=0.002)
+    assert plan_depths([0.6] * 4, costs, 1, 4).depths == [2] * 4
+    assert plan_depths([0.6] * 4, costs, 1, 4, catch_up=catch_up_per_token(costs, 4, 600, 2000.0)).passes > 0
+    assert plan_depths([0.6] * 4, costs, 1, 4, catch_up=catch_up_per_token(costs, 4, 600, 20.0)).passes == 0
+    assert could_pay(costs, 4, 4, catch_up_per_token(costs, 4, 600, 20.0))
+    assert not could_pay(costs, 4, 4, catch_up_per_token(costs, 4, 600, 5.0))
+
+
+@given(st.lists(st.integers(0, 50), max_size=10), st.integers(0, 60), st.integers(0, 80))
+@FAST
+def test_output_lengths_expect_the_mean_remainder_of_the_longer_finished_requests(lengths, n, m):
+    window = OutputLengths(window=6)
+    for length in lengths:
+        window.observe(length)
+    longer = [length - n for length in lengths[-6:] if length > n]
+    expected = max(0, m - n) if not longer else min(sum(longer) / len(longer), max(0, m - n))
+    assert window.ahead(n, m) == pytest.approx(expected)
 
 
 def _assert_near_best(plan, best):

@@ -85,7 +85,9 @@ class AdaptiveProposerMixin:
                 first_positions, [query[a:b] for a, b in zip(start, start[1:])], next_token_ids.tolist(),
                 min(state.config.max_depth, num_speculative_tokens),
             )  # fmt: skip
-        if can_skip and state.drafter_off():
+        # What the first pass would run over now: the last step's accepted tokens and the drafter's backlog.
+        rows = target_token_ids.shape[0] + sum(state.drafter_lag(first_positions)) if can_skip else 0
+        if can_skip and state.drafter_off(rows):
             self._last_draft_probs = None
             drafts = state.with_free_drafts([[] for _ in range(common_attn_metadata.batch_size())])
             state.charge(started)

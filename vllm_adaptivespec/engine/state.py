@@ -24,7 +24,15 @@ from vllm_adaptivespec.engine.free_draft import FreeDrafts
 from vllm_adaptivespec.engine.request_params import request_tau
 from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
-from vllm_adaptivespec.step_cost import ConfidenceCalibration, PooledAcceptance, StepCosts, could_pay, plan_depths
+from vllm_adaptivespec.step_cost import (
+    ConfidenceCalibration,
+    OutputLengths,
+    PooledAcceptance,
+    StepCosts,
+    catch_up_per_token,
+    could_pay,
+    plan_depths,
+)
 from vllm_adaptivespec.tree import DraftTrees
 
 # A probe that ends in "off" doubles the steps until the next one, up to probe_every * PROBE_BACKOFF.
@@ -119,6 +127,7 @@ class AdaptiveState:
         self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
+        self.output_lengths = OutputLengths()  # finished requests' output lengths: the tokens a batch has ahead
         # The second draft source: drafts copied from the request's own text, no drafter pass.
         self.free_drafts = (
             FreeDrafts(config, getattr(runner, "max_model_len", 1 << 30))
@@ -310,18 +319,22 @@ class AdaptiveState:
         refresh its acceptance estimate (the cost of looking)."""
         return self.idle.get(rid, 0) >= self.probe_interval
 
-    def drafter_off(self) -> bool:
+    def drafter_off(self, rows: int | None = None) -> bool:
         """Whether this step runs no drafter pass at all. Called by draft-model proposers only: they can
         catch up later (``drafter_lag``), prompts included, so a request whose drafter never pays never
-        runs it, not even over its prompt.
+        runs it, not even over its prompt. ``rows``: what the first pass would run over if it ran now (the
+        last step's tokens and the drafter's backlog; None: unknown, the catch-up is not priced).
 
-        Off when the step plan, priced before the first pass on the requests' acceptance estimates, drafts
-        nothing, unless the batch is due a probe: after ``probe_interval`` steps off in a row the whole
+        Off when the step plan, priced before the first pass on the requests' acceptance estimates and with
+        the catch-up over ``rows`` charged per token the batch has ahead (``step_cost.catch_up_per_token``,
+        ``tokens_ahead``), drafts nothing, unless the batch is due a probe: after ``probe_interval`` steps off in a row the whole
         batch drafts ``min_depth`` once, in one step, to refresh its estimates. A probe after which the plan
         still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets
         it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
         wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
-        answer, and a probe would pay the drafter's catch-up for nothing. The other way round, a batch that
+        answer, and a probe would pay the drafter's catch-up for nothing (while the same batch stays off its
+        backlog grows and what it has ahead shrinks, so that answer holds until the batch changes). The
+        other way round, a batch that
         drafts is switched off for one step when the plain forward's cost reading is stale (``_cost_probe``)."""
         cfg = self.config
         req_ids = self.request_ids()
@@ -340,8 +353,11 @@ class AdaptiveState:
             off = self._hopeless or self.off_streak < self.probe_interval  # nothing verified since: same answer
             self._probing = not off
         else:
+            catch_up = 0.0 if rows is None else catch_up_per_token(
+                self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids)
+            )  # fmt: skip
             plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth,
-                               free=free)  # fmt: skip
+                               free=free, catch_up=catch_up)  # fmt: skip
             if plan is None or plan.passes > 0:
                 off = self._hopeless = self._probing = False
                 if plan is not None:
@@ -349,7 +365,7 @@ class AdaptiveState:
             else:
                 if self._probing:  # the probe found nothing worth drafting: look half as often
                     self.probe_interval = min(2 * self.probe_interval, cfg.probe_every * PROBE_BACKOFF)
-                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth)
+                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth, catch_up)
                 off = self._hopeless or self.off_streak < self.probe_interval
                 self._probing = not off
                 if off:  # free drafts, if the plan took any, are this step's only drafts
@@ -365,6 +381,22 @@ class AdaptiveState:
                 self.idle[rid] = self.idle.get(rid, 0) + 1
             self.step.add_depths(free_depths)
         return off
+
+    def tokens_ahead(self, req_ids: list[str]) -> float | None:
+        """T of ``step_cost``: the tokens the requests are expected to emit from here, each request's
+        ``OutputLengths.ahead`` given its output so far and the most it may emit (its ``max_tokens``, or what
+        its context leaves). None when a request's state is unknown to the runner."""
+        total = 0.0
+        for rid in req_ids:
+            request = self._runner.requests.get(rid)
+            if request is None or request.sampling_params is None:
+                return None
+            n = len(request.output_token_ids)
+            left = getattr(self._runner, "max_model_len", 1 << 30) - request.num_tokens
+            if request.sampling_params.max_tokens is not None:
+                left = min(left, request.sampling_params.max_tokens - n)
+            total += self.output_lengths.ahead(n, n + left)
+        return total
 
     def drafter_seen(self, first_positions: list[int]) -> None:
         """The batch rows' first query positions this step, before the drafter runs or is skipped. A request
@@ -526,7 +558,12 @@ class AdaptiveState:
         return stats
 
     def free(self, req_ids: Iterable[str]) -> None:
+        """Forget finished and aborted requests (called before the runner drops them: their output lengths
+        are read here)."""
         for rid in req_ids:
+            request = self._runner.requests.get(rid)
+            if request is not None:
+                self.output_lengths.observe(len(request.output_token_ids))
             self.policies.free(rid)
             self.drafts.pop(rid, None)
             self.confidence.pop(rid, None)
