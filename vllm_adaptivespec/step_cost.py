@@ -69,8 +69,11 @@ Speculation off (``max(d) == 0`` before the first pass) means the step runs no d
 tokens it emits wait for the drafter's catch-up at its next pass. That catch-up is what turning the drafter
 back on costs beyond a step that drafts anyway: its first pass runs over R rows, every token the drafter
 missed (a prompt whose prefill skipped it included) and the last step's, where a drafting batch's first pass
-runs over about B. It is paid once and repays over the T tokens the batch is expected to emit from here
-(``OutputLengths``), so before the first pass a plan that drafts is charged it per emitted token:
+runs over about B. It is paid once and repays over the T tokens the batch emits while the drafter stays on:
+what the batch is expected to emit from here (``OutputLengths``), but no more than the drafter's recent stretches
+on lasted (``Stretches``: a turn-on priced on estimates from before its first pass is a bet that the pass then
+confirms; at batch 8 on 2 CPU cores it lasted five steps and paid a 7 s catch-up for them), so before the first
+pass a plan that drafts is charged it per emitted token:
 
     catch_up   = max(0, t_pass(R) - t_pass(B)) / T          seconds per emitted token
     drafter(d) = catch_up * E(d) + t_pass(E(d)) + (D - 1) t_pass(B)     when D > 0
@@ -370,6 +373,28 @@ def could_pay(costs: StepCosts, batch: int, max_depth: int, catch_up: float = 0.
     looking out yet)."""
     plan = plan_depths([1.0] * batch, costs, 1, max_depth, catch_up=catch_up)
     return plan is None or plan.passes > 0
+
+
+class Stretches:
+    """How long the drafter stays on once the plan turns it on: the tokens of the last ``window`` stretches of
+    steps that ran it, each started by the plan (a probe's step does not start one) and ended by an off step
+    of the plan (a step off only to re-measure plain decoding does not end one), counted at B tokens a step
+    (what a step emits at least). ``mean()``: their mean, None before any stretch ended."""
+
+    def __init__(self, window: int = 16):
+        self._done: deque[int] = deque(maxlen=window)
+        self._current = 0  # tokens of the stretch under way (0: none)
+
+    def step(self, drafter: bool, batch: int, started_by_plan: bool) -> None:
+        """One step ran the drafter (``drafter``) or not, for ``batch`` requests."""
+        if drafter and (self._current or started_by_plan):
+            self._current += batch
+        elif not drafter and self._current:
+            self._done.append(self._current)
+            self._current = 0
+
+    def mean(self) -> float | None:
+        return float(np.mean(self._done)) if self._done else None
 
 
 class OutputLengths:

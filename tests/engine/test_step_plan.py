@@ -267,3 +267,28 @@ def test_finished_requests_teach_how_many_tokens_a_request_has_ahead():
     state._runner.requests["r1"].output_token_ids = [7] * 60
     assert state.tokens_ahead(["r1"]) == 440  # past every finished length: what max_tokens leaves
     assert state.tokens_ahead(["r0", "r1"]) is None  # the runner does not know r0 any more
+
+
+def test_the_catch_up_repays_over_no_more_than_the_drafters_recent_stretches_on():
+    # As in the backlog test: 1,000 rows owed needs some 370 tokens of drafting to repay. With 15,920 tokens
+    # ahead the plan turns the drafter on; it stays on 5 steps (40 tokens) and the plan turns it off. The
+    # next turn-on is priced over 40 tokens, not 15,920: the backlog stays uncaught.
+    state = _state(batch=8, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.9)
+    state.step_costs.draft_pass.observe(1024, 1.28)
+    _with_requests(state, outputs=10, max_tokens=2000)
+    assert not state.drafter_off(rows=1000)
+    for _ in range(4):
+        assert not state.drafter_off(rows=8)
+    for rid in state.request_ids():  # the drafter turns out wrong: every estimate falls, the plan turns it off
+        state.policies[rid].observe(4, 0, 0)
+    state.pooled.observe(4, 0)
+    assert state.drafter_off(rows=8)
+    assert state.stretches.mean() == 40 and state.tokens_ahead(state.request_ids()) == 40
+    off = 1
+    while state.drafter_off(rows=8):  # off until the batch is due a probe
+        off += 1
+    assert off == state.config.probe_every
+    for rid in state.request_ids():  # the probe finds the drafter right again
+        state.policies[rid].observe(4, 4, 0)
+    assert not state.drafter_off(rows=8)  # with nothing owed, drafting pays
+    assert state.drafter_off(rows=1000)  # but 1,000 rows owed cannot be repaid over 40 tokens

@@ -16,6 +16,7 @@ from vllm_adaptivespec.step_cost import (
     OutputLengths,
     PooledAcceptance,
     StepCosts,
+    Stretches,
     catch_up_per_token,
     could_pay,
     hindsight,
@@ -468,3 +469,22 @@ def test_a_stale_bucket_restarts_and_is_interpolated_over():
     assert t.seconds(64) == pytest.approx(0.21 + 32 / 224 * 0.99)
     t.observe(64, 0.5)
     assert t.seconds(64) == pytest.approx(0.5)
+
+
+def test_stretches_count_what_the_plan_turned_on_until_it_turned_it_off():
+    stretches = Stretches(window=2)
+    assert stretches.mean() is None
+    stretches.step(True, 8, started_by_plan=False)  # a probe's step: starts nothing
+    stretches.step(False, 8, started_by_plan=True)
+    assert stretches.mean() is None
+    for _ in range(5):  # the plan turns it on: 5 steps of 8 requests, then off
+        stretches.step(True, 8, started_by_plan=True)
+    stretches.step(False, 8, started_by_plan=True)
+    assert stretches.mean() == 40
+    stretches.step(True, 4, started_by_plan=True)
+    stretches.step(True, 2, started_by_plan=False)  # a stretch goes on whatever started the step
+    stretches.step(False, 2, started_by_plan=True)
+    assert stretches.mean() == 23
+    stretches.step(True, 1, started_by_plan=True)
+    stretches.step(False, 1, started_by_plan=True)  # the window keeps the last two: 6 and 1
+    assert stretches.mean() == 3.5

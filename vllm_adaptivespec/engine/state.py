@@ -29,6 +29,7 @@ from vllm_adaptivespec.step_cost import (
     OutputLengths,
     PooledAcceptance,
     StepCosts,
+    Stretches,
     catch_up_per_token,
     could_pay,
     plan_depths,
@@ -128,6 +129,7 @@ class AdaptiveState:
         self.calibration = ConfidenceCalibration()  # drafter confidence -> observed first-draft acceptance
         self.pooled = PooledAcceptance()  # all requests' recent acceptance: where a new request's estimate starts
         self.output_lengths = OutputLengths()  # finished requests' output lengths: the tokens a batch has ahead
+        self.stretches = Stretches()  # how long the drafter stayed on when the plan turned it on
         # The second draft source: drafts copied from the request's own text, no drafter pass.
         self.free_drafts = (
             FreeDrafts(config, getattr(runner, "max_model_len", 1 << 30))
@@ -372,6 +374,8 @@ class AdaptiveState:
                     self._choose_free(req_ids, plan.depths, plan.free)
                     free_depths = [d if f else 0 for d, f in zip(plan.depths, plan.free or [False] * len(req_ids))]
         self.off_streak = self.off_streak + 1 if off else 0
+        if not probe:  # a step off to re-measure plain decoding does not end a stretch of drafting
+            self.stretches.step(not off, len(req_ids), started_by_plan=not self._probing)
         # The same batch, off again with nothing verified in between and no copy on offer, gets the same answer
         # without a new plan.
         self._off_batch = req_ids if off and not probe and not any(free_depths) else None
@@ -385,7 +389,8 @@ class AdaptiveState:
     def tokens_ahead(self, req_ids: list[str]) -> float | None:
         """T of ``step_cost``: the tokens the requests are expected to emit from here, each request's
         ``OutputLengths.ahead`` given its output so far and the most it may emit (its ``max_tokens``, or what
-        its context leaves). None when a request's state is unknown to the runner."""
+        its context leaves), at most the mean of the drafter's recent stretches on (``Stretches``). None when
+        a request's state is unknown to the runner."""
         total = 0.0
         for rid in req_ids:
             request = self._runner.requests.get(rid)
@@ -396,7 +401,8 @@ class AdaptiveState:
             if request.sampling_params.max_tokens is not None:
                 left = min(left, request.sampling_params.max_tokens - n)
             total += self.output_lengths.ahead(n, n + left)
-        return total
+        stretch = self.stretches.mean()
+        return total if stretch is None else min(total, stretch)
 
     def drafter_seen(self, first_positions: list[int]) -> None:
         """The batch rows' first query positions this step, before the drafter runs or is skipped. A request
