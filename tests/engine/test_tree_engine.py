@@ -2,8 +2,9 @@
 
 Lossless (tau = 1) greedy output must equal plain greedy decoding token for token, at batch 1 and 4,
 over 512 tokens (a wrong KV move or position shows up late), with policy-chosen shapes and with
-shapes drawn at random every step, free branches (copies) in the trees; sampled output must follow the
-target's distribution.
+shapes drawn at random every step (trees and chains; a draft model also skipping its pass at random, so
+on/off transitions and off-streaks are crossed), free branches (copies) in the trees; sampled output must
+follow the target's distribution.
 """
 
 from __future__ import annotations
@@ -60,16 +61,27 @@ def test_policy_trees_equal_plain_greedy_over_512_tokens(tiny_models, tiny_promp
     assert metrics["vllm:adaptivespec_free_draft_tokens"] > 0
 
 
-@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
-def test_random_tree_shapes_every_step_equal_plain_greedy(tiny_models, tiny_prompts, plain_long, method):
-    """Shapes drawn at random per request and step: every layout, KV move and batch mix gets exercised."""
+@pytest.mark.parametrize(
+    "method, mode", [("draft_model", "tree"), ("eagle3", "tree"), ("draft_model", "chain")], ids=["draft_model",
+                                                                                                 "eagle3", "chain"]
+)  # fmt: skip
+def test_random_tree_shapes_every_step_equal_plain_greedy(tiny_models, tiny_prompts, plain_long, method, mode):
+    """Shapes drawn at random per request and step: every layout, KV move and batch mix gets exercised. A draft
+    model also skips its pass on about every other step at random (prefills included: random off-streaks, the
+    drafter catching up at its next pass); an EAGLE head cannot skip (it needs the target's hidden states)."""
+    debug = {"random_shapes": 7, **({"random_off": 11} if method == "draft_model" else {})}
+    settings = {**TREE, "max_width": 4} if mode == "tree" else {"tau": 1.0, "max_depth": 8}
     result = run_engine(
-        _spec(tiny_models, tiny_prompts, method=method, adaptivespec={**TREE, "max_width": 4},
-              debug={"random_shapes": 7}),
-        timeout=900,
+        _spec(tiny_models, tiny_prompts, method=method, adaptivespec=settings, debug=debug), timeout=900
     )  # fmt: skip
     _assert_identical(result, plain_long)
     metrics = result["metrics"]
+    if method == "draft_model":  # steps without any drafter pass: depth 0 for every request
+        assert metrics["vllm:adaptivespec_draft_depth"]["buckets"]["0.0"] > 0
+    if mode == "chain":  # a chain's nodes are its depth (the scheduler may still cut a draft near the length limit)
+        assert metrics["vllm:spec_decode_num_draft_tokens"] <= _depth_sum(metrics)
+        assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
+        return
     assert metrics["vllm:spec_decode_num_draft_tokens"] > 1.5 * _depth_sum(metrics)
     assert metrics["vllm:spec_decode_num_accepted_tokens"] > 0
     assert metrics["vllm:adaptivespec_free_draft_tokens"] > 0  # copies beside random drafter trees

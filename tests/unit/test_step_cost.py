@@ -64,36 +64,17 @@ def _rate(depths, p, costs, catch_up=0.0):
     st.floats(0.001, 1.0),
     st.floats(0.0, 0.5),
     st.floats(0.0, 0.02),
+    st.sampled_from([0.0, 0.001, 0.01, 0.1]),
 )
-def test_plan_is_within_min_gain_of_the_brute_force_optimum(p, max_depth, per_token, base, draft, fixed, per_row):
-    costs = _costs(per_token, base, draft, fixed, per_row)
-    plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth)
-    best = max(_rate(list(d), p, costs) for d in itertools.product(range(max_depth + 1), repeat=len(p)))
-    assert plan.rate == pytest.approx(_rate(plan.depths, p, costs), rel=1e-9)
-    _assert_near_best(plan, best)
-    assert all(0 <= d <= max_depth for d in plan.depths)
-
-
-@FAST
-@given(
-    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=3),
-    st.integers(1, 4),
-    st.floats(0.0, 0.05),
-    st.floats(0.01, 1.0),
-    st.floats(0.001, 1.0),
-    st.floats(0.0, 0.02),
-    st.floats(0.0, 0.2),
-)
-def test_plan_with_a_catch_up_is_within_min_gain_of_the_brute_force_optimum(
-    p, max_depth, per_token, base, draft, per_row, catch_up
+def test_plan_is_within_min_gain_of_the_brute_force_optimum(
+    p, max_depth, per_token, base, draft, fixed, per_row, catch_up
 ):
-    costs = _costs(per_token, base, draft, 0.01, per_row)
+    costs = _costs(per_token, base, draft, fixed, per_row)
     plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, catch_up=catch_up)
-    best = max(
-        _rate(list(d), p, costs, catch_up) for d in itertools.product(range(max_depth + 1), repeat=len(p))
-    )
+    best = max(_rate(list(d), p, costs, catch_up) for d in itertools.product(range(max_depth + 1), repeat=len(p)))
     assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, catch_up), rel=1e-9)
     _assert_near_best(plan, best)
+    assert all(0 <= d <= max_depth for d in plan.depths)
 
 
 def test_the_catch_up_is_the_first_pass_beyond_a_drafting_steps_spread_over_the_tokens_ahead():
