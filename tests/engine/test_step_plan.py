@@ -73,6 +73,28 @@ def test_a_probe_that_finds_agreement_turns_speculation_on_and_resets_the_interv
     assert state.probe_interval == 16
 
 
+def test_a_probe_looks_at_the_request_with_the_smallest_backlog_only():
+    # As in the back-off test, at batch 3: the drafter never agrees. A probe catches up and drafts one
+    # request, the one owing the fewest tokens (its catch-up is what looking costs); the other two stay
+    # behind and draft nothing. Steps off run no pass and choose no request.
+    state = _state(batch=3, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.0)
+    lags = [[40 + step, 9 + step, 300 + step] for step in range(200)]
+    probes = []
+    for step, lag in enumerate(lags):
+        if state.drafter_off(rows=3 + sum(lag), lags=lag):
+            assert state.probe_only is None
+            continue
+        probes.append(step)
+        assert state.probe_only == "r1" and [state._must_probe(rid) for rid in state.request_ids()] == [False, True, False]
+        state.policies["r1"].observe(1, 0, 0)
+        state.pooled.observe(1, 0)
+    assert probes[:3] == [16, 49, 114]  # after 16, 32 and 64 steps off, as with the whole batch
+    # Without backlogs to compare (an EAGLE head never skips, so it never asks) every due request drafts.
+    state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.0)
+    assert [state.drafter_off() for _ in range(17)] == [True] * 16 + [False]
+    assert state.probe_only is None and all(state._must_probe(rid) for rid in state.request_ids())
+
+
 def test_a_new_request_starts_from_the_pooled_acceptance():
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
     for _ in range(10):

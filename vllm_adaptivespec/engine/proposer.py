@@ -86,8 +86,8 @@ class AdaptiveProposerMixin:
                 min(state.config.max_depth, num_speculative_tokens),
             )  # fmt: skip
         # What the first pass would run over now: the last step's accepted tokens and the drafter's backlog.
-        rows = target_token_ids.shape[0] + sum(state.drafter_lag(first_positions)) if can_skip else 0
-        if can_skip and state.drafter_off(rows):
+        lags = state.drafter_lag(first_positions) if can_skip else []
+        if can_skip and state.drafter_off(target_token_ids.shape[0] + sum(lags), lags):
             self._last_draft_probs = None
             drafts = state.with_free_drafts([[] for _ in range(common_attn_metadata.batch_size())])
             state.charge(started)
@@ -126,8 +126,10 @@ class AdaptiveProposerMixin:
         from its block table. Requests are caught up fewest missing tokens first while the drafter's
         buffers hold them. The first request that does not fit whole gets the room that is left as a
         chunk of its backlog in place of its own rows (a chunked prefill of the drafter: its next chunk
-        at a later pass); it and the requests after it are left ``behind``, with no draft this step.
-        Returns the inputs unchanged when nothing is missing."""
+        at a later pass); it and the requests after it are left ``behind``, with no draft this step. A
+        probe (``AdaptiveState.probe_only``) catches up the probed request alone: every other request that
+        owes tokens stays ``behind`` too, its backlog kept whole for a later pass. Returns the inputs
+        unchanged when nothing is missing."""
         start = attn.query_start_loc_cpu.long()
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
@@ -139,18 +141,24 @@ class AdaptiveProposerMixin:
         # Worked example: lag [0, 700, 30, 90], length [2, 1, 3, 1], room 300 -> fewest first: rows 0, 2
         # and 3 fit whole (30 + 90 <= 300); row 1 gets the 300 - 120 + 1 = 181 rows left (its own row
         # freed one) as positions first[1] - 700 ... first[1] - 520 in place of its own row, and stays behind.
-        order = torch.argsort(lag, stable=True)
-        before = torch.cumsum(lag[order], 0) - lag[order]  # [B] backlog of the requests caught up earlier
-        whole = torch.zeros(batch, dtype=torch.bool)
-        whole[order] = before + lag[order] <= room
-        behind = ~whole
+        # A probe catches up one request only (``AdaptiveState.probe_only``): the others' backlogs wait.
+        req_ids = self.adaptive_state.request_ids()
+        probe_only = self.adaptive_state.probe_only
+        waits = torch.tensor([probe_only not in (None, rid) for rid in req_ids], dtype=torch.bool) & (lag > 0)  # [B]
+        owed = torch.where(waits, 0, lag)  # [B] backlog to catch up this pass if room allows
+        order = torch.argsort(owed, stable=True)
+        before = torch.cumsum(owed[order], 0) - owed[order]  # [B] backlog of the requests caught up earlier
+        fits = torch.zeros(batch, dtype=torch.bool)
+        fits[order] = before + owed[order] <= room  # a prefix of that order
+        whole = fits & ~waits
         chunk = torch.zeros(batch, dtype=torch.long)  # [B] backlog rows replacing a behind request's own
-        if behind.any():
-            row = int(order[int(whole[order].sum())])  # the first request in that order that does not fit
+        if not fits.all():
+            row = int(order[int(fits.sum())])  # the first request in that order that does not fit
             chunk[row] = max(0, min(int(lag[row]), room - int(lag[whole].sum()) + int(length[row])))
-            req_ids = self.adaptive_state.request_ids()
+        behind = ~whole
+        if behind.any():
             self.adaptive_state.behind = {req_ids[r]: None for r in behind.nonzero()[:, 0].tolist()}
-            if chunk[row] > 0:  # its drafter KV is whole up to the chunk's end
+            for row in (chunk > 0).nonzero()[:, 0].tolist():  # its drafter KV is whole up to the chunk's end
                 self.adaptive_state.behind[req_ids[row]] = int(first[row] - lag[row] + chunk[row])
         caught_rows = torch.where(whole, lag, chunk)  # [B] backlog rows each request gets this pass
         own = torch.where(chunk > 0, 0, length)  # [B] own rows kept (a chunk replaces them)

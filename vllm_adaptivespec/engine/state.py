@@ -147,13 +147,15 @@ class AdaptiveState:
         self._hopeless = False  # that batch cannot gain from speculation at all on the measured costs
         self.probe_interval = config.probe_every  # steps off in a row before the batch probes again
         self._probing = False  # the last drafter step ran only because the batch was due a probe
+        self.probe_only: str | None = None  # the one request a probe step catches up and drafts for (``drafter_off``)
         self._cost_probed: int | None = None  # ``cost.clock`` at the last cost probe (``_cost_probe``)
         self.forward_started: float | None = None
         self._step_started: float | None = None
         self._step_target_seconds = self._step_draft_seconds = 0.0
         self.step_outputs = None  # the target forward's hidden states and slot mappings of that step
         # Debug knobs: shapes drawn at random every step (exercises every tree layout and KV move);
-        # speculation off for a whole step at random (exercises the drafter's catch-up).
+        # speculation off for a whole step at random, or one request's backlog caught up (exercises the
+        # drafter's catch-up).
         self._random_shapes = None if random_shapes_seed is None else random.Random(random_shapes_seed)
         self._random_off = None if random_off_seed is None else random.Random(random_off_seed)
         # Opt-in step log for the benchmark's hindsight oracle: per verification step, what each request
@@ -317,20 +319,26 @@ class AdaptiveState:
         return True
 
     def _must_probe(self, rid: str) -> bool:
-        """The request went ``probe_interval`` steps without a draft: it drafts ``min_depth`` this step, to
-        refresh its acceptance estimate (the cost of looking)."""
+        """The request drafts ``min_depth`` this step, to refresh the acceptance estimates (the cost of
+        looking): the request a probe step chose (``probe_only``), else any that went ``probe_interval``
+        steps without a draft."""
+        if self.probe_only is not None:
+            return rid == self.probe_only
         return self.idle.get(rid, 0) >= self.probe_interval
 
-    def drafter_off(self, rows: int | None = None) -> bool:
+    def drafter_off(self, rows: int | None = None, lags: list[int] | None = None) -> bool:
         """Whether this step runs no drafter pass at all. Called by draft-model proposers only: they can
         catch up later (``drafter_lag``), prompts included, so a request whose drafter never pays never
         runs it, not even over its prompt. ``rows``: what the first pass would run over if it ran now (the
-        last step's tokens and the drafter's backlog; None: unknown, the catch-up is not priced).
+        last step's tokens and the drafter's backlog; None: unknown, the catch-up is not priced); ``lags``:
+        each batch row's backlog (``drafter_lag``), which picks the request a probe looks at.
 
         Off when the step plan, priced before the first pass on the requests' acceptance estimates and with
         the catch-up over ``rows`` charged per token the batch has ahead (``step_cost.catch_up_per_token``,
         ``tokens_ahead``), drafts nothing, unless the batch is due a probe: after ``probe_interval`` steps off
-        in a row the whole batch drafts ``min_depth`` once, in one step, to refresh its estimates. A probe after which the plan
+        in a row one request, the one with the smallest backlog (``probe_only``: its catch-up is the probe's
+        cost; the others' backlogs wait), drafts ``min_depth`` once, to refresh the estimates: the pooled
+        acceptance every request without a judged draft of its own starts from, and its own. A probe after which the plan
         still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets
         it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
         wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
@@ -343,8 +351,11 @@ class AdaptiveState:
         free_depths = [0] * len(req_ids)
         free = self._free_estimates(req_ids)  # this step's copies: a new one is worth a new plan
         probe = False
-        if self._random_off is not None:  # debug knob: whatever the settings
+        self.probe_only = None
+        if self._random_off is not None:  # debug knob: whatever the settings; half the passes catch up one request
             off = self._random_off.random() < 0.5
+            if not off and lags and self._random_off.random() < 0.5:
+                self.probe_only = req_ids[self._random_off.randrange(len(req_ids))]
         elif self._random_shapes is not None:  # debug knob: a random drafter shape every step, so the drafter runs
             off = False
         elif not cfg.allow_off or not self.planned:
@@ -373,6 +384,8 @@ class AdaptiveState:
                 if off:  # free drafts, if the plan took any, are this step's only drafts
                     self._choose_free(req_ids, plan.depths, plan.free)
                     free_depths = [d if f else 0 for d, f in zip(plan.depths, plan.free or [False] * len(req_ids))]
+        if self._probing and not off and lags is not None and req_ids:
+            self.probe_only = req_ids[min(range(len(req_ids)), key=lags.__getitem__)]
         self.off_streak = self.off_streak + 1 if off else 0
         if not probe:  # a step off to re-measure plain decoding does not end a stretch of drafting
             self.stretches.step(not off, len(req_ids), started_by_plan=not self._probing)
