@@ -189,6 +189,11 @@ class BucketedTime:
 
     def fitted(self) -> dict[int, float]:
         """{x_b: f_b} (x_b rounded to a whole size), stale buckets between fresh ones left out."""
+        xs, ys = self._fit()
+        return {int(round(x)): float(y) for x, y in zip(xs, ys)}
+
+    def _fit(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x_b, f_b) of ``fitted``, refitted only after a new observation."""
         if self._fitted is None:
             buckets = sorted(self._observed)
             fresh = [b for b in buckets if self.clock - self._last[b] <= self.stale_after]
@@ -199,8 +204,7 @@ class BucketedTime:
             medians = [float(np.median(r[:, 1])) for r in readings]
             counts = [len(r) for r in readings]
             self._fitted = (np.array(sizes, dtype=np.float64), np.array(monotone_fit(medians, counts)))
-        xs, ys = self._fitted
-        return {int(round(x)): float(y) for x, y in zip(xs, ys)}
+        return self._fitted
 
     def seconds(self, size: int | np.ndarray, min_points: int = 2):
         """Estimated seconds for ``size`` (an int or an array of them), t(q) of the class docstring;
@@ -208,8 +212,7 @@ class BucketedTime:
         with ``proportional_below``)."""
         if len(self._observed) < max(1, min_points):
             return None
-        self.fitted()
-        xs, ys = self._fitted
+        xs, ys = self._fit()
         q = np.maximum(1.0, np.asarray(size, dtype=np.float64))
         out = np.interp(q, xs, ys)
         if len(xs) > 1:
