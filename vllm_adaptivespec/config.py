@@ -88,9 +88,10 @@ class AdaptiveSpecConfig(BaseModel):
         16,
         ge=1,
         le=1_000_000,
-        description="After this many steps in a row with speculation off, one step drafts min_depth anyway for "
-        "every request that went that long without a draft, to refresh the acceptance estimates (the cost of "
-        "looking); each probe after which speculation stays off doubles the wait, up to 16x. No probes where "
+        description="After this many steps in a row with speculation off, one step drafts min_depth anyway, to "
+        "refresh the acceptance estimates (the cost of looking): with a draft model for one request, the one whose "
+        "drafter owes the fewest tokens; with an EAGLE head for every request that went that long without a "
+        "draft. Each probe after which speculation stays off doubles the wait, up to 16x. No probes where "
         "the measured costs say even a never-wrong drafter could not pay.",
     )
     free_drafter: Literal["off", "ngram", "suffix"] = Field(
