@@ -85,7 +85,8 @@ def test_a_probe_looks_at_the_request_with_the_smallest_backlog_only():
             assert state.probe_only is None
             continue
         probes.append(step)
-        assert state.probe_only == "r1" and [state._must_probe(rid) for rid in state.request_ids()] == [False, True, False]
+        assert state.probe_only == "r1"
+        assert [state._must_probe(rid) for rid in state.request_ids()] == [False, True, False]
         state.policies["r1"].observe(1, 0, 0)
         state.pooled.observe(1, 0)
     assert probes[:3] == [16, 49, 114]  # after 16, 32 and 64 steps off, as with the whole batch

@@ -338,9 +338,9 @@ class AdaptiveState:
         ``tokens_ahead``), drafts nothing, unless the batch is due a probe: after ``probe_interval`` steps off
         in a row one request, the one with the smallest backlog (``probe_only``: its catch-up is the probe's
         cost; the others' backlogs wait), drafts ``min_depth`` once, to refresh the estimates: the pooled
-        acceptance every request without a judged draft of its own starts from, and its own. A probe after which the plan
-        still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets
-        it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
+        acceptance every request without a judged draft of its own starts from, and its own. A probe after
+        which the plan still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan
+        that drafts resets it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
         wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
         answer, and a probe would pay the drafter's catch-up for nothing (while the same batch stays off its
         backlog grows and what it has ahead shrinks, so that answer holds until the batch changes). The other
