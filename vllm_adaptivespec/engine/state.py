@@ -333,19 +333,18 @@ class AdaptiveState:
         last step's tokens and the drafter's backlog; None: unknown, the catch-up is not priced); ``lags``:
         each batch row's backlog (``drafter_lag``), which picks the request a probe looks at.
 
-        Off when the step plan, priced before the first pass on the requests' acceptance estimates and with
-        the catch-up over ``rows`` charged per token the batch has ahead (``step_cost.catch_up_per_token``,
-        ``tokens_ahead``), drafts nothing, unless the batch is due a probe: after ``probe_interval`` steps off
-        in a row one request, the one with the smallest backlog (``probe_only``: its catch-up is the probe's
-        cost; the others' backlogs wait), drafts ``min_depth`` once, to refresh the estimates: the pooled
-        acceptance every request without a judged draft of its own starts from, and its own. A probe after
-        which the plan still says off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan
-        that drafts resets it to ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never
-        wrong (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that
-        answer, and a probe would pay the drafter's catch-up for nothing (while the same batch stays off its
-        backlog grows and what it has ahead shrinks, so that answer holds until the batch changes). The other
-        way round, a batch that drafts is switched off for one step when the plain forward's cost reading is
-        stale (``_cost_probe``)."""
+        Off when the step plan, priced before the first pass on the requests' acceptance estimates and with the
+        catch-up over ``rows`` charged per token the batch has ahead (``step_cost.catch_up_per_token``,
+        ``tokens_ahead``), drafts nothing, unless the batch is due a probe: after ``probe_interval`` steps off in a
+        row one request, the one with the smallest backlog (``probe_only``: its catch-up is the probe's cost; the
+        others' backlogs wait), drafts ``min_depth`` once, to refresh the estimates: the pooled acceptance every
+        request without a judged draft of its own starts from, and its own. A probe after which the plan still says
+        off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets it to
+        ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never wrong
+        (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that answer, and a
+        probe would pay the drafter's catch-up for nothing (while the same batch stays off its backlog grows and
+        what it has ahead shrinks, so that answer holds until the batch changes). The other way round, a batch that
+        drafts is switched off for one step when the plain forward's cost reading is stale (``_cost_probe``)."""
         cfg = self.config
         req_ids = self.request_ids()
         free_depths = [0] * len(req_ids)
