@@ -94,7 +94,7 @@ class AdaptiveProposerMixin:
             return drafts
         if can_skip:
             common_attn_metadata, target_token_ids, target_positions, target_hidden_states = self._catch_up(
-                common_attn_metadata, target_token_ids, target_positions, target_hidden_states
+                common_attn_metadata, target_token_ids, target_positions, target_hidden_states, state.probe_only
             )
         # Where each request's rows end, read before vLLM's loop advances seq_lens in place.
         seq_lens = common_attn_metadata.seq_lens[: common_attn_metadata.batch_size()].tolist()
@@ -119,17 +119,16 @@ class AdaptiveProposerMixin:
         the pass (catch-up rows included) for ``observe_draft``."""
         self._first_pass_seconds = time.perf_counter() - self._propose_started
 
-    def _catch_up(self, attn, token_ids, positions, hidden_states):
+    def _catch_up(self, attn, token_ids, positions, hidden_states, probe_only: str | None = None):
         """Put before each request's first-pass rows the tokens whose drafter KV is missing
-        (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, a skipped prefill
-        included): their ids come from the request's token history, their slots
-        from its block table. Requests are caught up fewest missing tokens first while the drafter's
-        buffers hold them. The first request that does not fit whole gets the room that is left as a
-        chunk of its backlog in place of its own rows (a chunked prefill of the drafter: its next chunk
-        at a later pass); it and the requests after it are left ``behind``, with no draft this step. A
-        probe (``AdaptiveState.probe_only``) catches up the probed request alone: every other request that
-        owes tokens stays ``behind`` too, its backlog kept whole for a later pass. Returns the inputs
-        unchanged when nothing is missing."""
+        (``AdaptiveState.drafter_lag``: steps that ran without a drafter pass, a skipped prefill included): their
+        ids come from the request's token history, their slots from its block table. Requests are caught up fewest
+        missing tokens first while the drafter's buffers hold them. The first request that does not fit whole gets
+        the room that is left as a chunk of its backlog in place of its own rows (a chunked prefill of the drafter:
+        its next chunk at a later pass); it and the requests after it are left ``behind``, with no draft this step.
+        A probe (``probe_only``, the request ``AdaptiveState.drafter_off`` chose) catches up that request alone:
+        every other request that owes tokens stays ``behind`` too, its backlog kept whole for a later pass. Returns
+        the inputs unchanged when nothing is missing."""
         start = attn.query_start_loc_cpu.long()
         batch = start.shape[0] - 1
         length = start[1:] - start[:-1]  # [B] rows per request
@@ -141,9 +140,8 @@ class AdaptiveProposerMixin:
         # Worked example: lag [0, 700, 30, 90], length [2, 1, 3, 1], room 300 -> fewest first: rows 0, 2
         # and 3 fit whole (30 + 90 <= 300); row 1 gets the 300 - 120 + 1 = 181 rows left (its own row
         # freed one) as positions first[1] - 700 ... first[1] - 520 in place of its own row, and stays behind.
-        # A probe catches up one request only (``AdaptiveState.probe_only``): the others' backlogs wait.
+        # A probe catches up one request only (``probe_only``): the others' backlogs wait.
         req_ids = self.adaptive_state.request_ids()
-        probe_only = self.adaptive_state.probe_only
         waits = torch.tensor([probe_only not in (None, rid) for rid in req_ids], dtype=torch.bool) & (lag > 0)  # [B]
         owed = torch.where(waits, 0, lag)  # [B] backlog to catch up this pass if room allows
         order = torch.argsort(owed, stable=True)
