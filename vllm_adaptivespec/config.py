@@ -84,6 +84,12 @@ class AdaptiveSpecConfig(BaseModel):
         "where plain decoding is faster; a whole step off runs no drafter pass (draft models; the drafter "
         "catches up on the missed tokens at its next pass). false = every step drafts at least min_depth.",
     )
+    replan_each_pass: bool = Field(
+        True,
+        description="Chains: after every drafter pass, re-plan the step with the drafted tokens' own confidences: "
+        "drafting stops where one more pass no longer pays and goes past the first pass's plan (up to max_depth) "
+        "while the drafter stays sure. false = each chain's depth is fixed at the first pass.",
+    )
     probe_every: int = Field(
         16,
         ge=1,

@@ -87,6 +87,23 @@ Whether looking again can ever pay (``could_pay``) is the same plan with every p
 when even a drafter that is always right loses to plain decoding at this batch size on these costs, no
 acceptance estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
 
+Re-planned after every drafter pass (``continue_chains``, chains): after j passes request i's chain holds j
+drafted tokens, each with its own fused estimate p_i,k (from that token's confidence, as p_i is from the first
+token's), so the chance that its first k tokens are all accepted is known, and the tokens not drafted yet are
+priced at the latest token's estimate:
+
+    g_i,k = p_i,1 p_i,2 ... p_i,k              k <= j    (drafted)
+          = g_i,j p_i,j^(k - j)                k > j     (one more pass each)
+
+The step's choice is then D in j..max_depth and each chain's length (d_i <= D), by the same N-largest search
+over these gains (each request's still fall with k), with drafter(d) = t_pass(E(d)) + (max(D, j) - 1) t_pass(B):
+the j passes run stay in the ratio (sunk, but a cost all choices share still changes a ratio's argmax). D = j
+stops drafting; D > j runs one more pass and plans again with that pass's token known. A deeper D must beat
+the best shallower one by ``MIN_GAIN``. Copies (free drafts) are fixed by then: their expected tokens and query
+tokens are added to every choice. So a chain whose second token the drafter doubts stops there, and one it
+keeps being sure of goes on past the first plan's depth, where the first plan priced every later token at the
+first one's estimate.
+
 A request with no acceptance history of its own starts from the engine's pooled acceptance
 (``PooledAcceptance``: the same per-position rate over the last judged drafts of every request), so a
 drafter that has not been paying is not trusted afresh for every new request.
@@ -351,6 +368,56 @@ def _drafter_seconds(costs: StepCosts, batch: int, emitted, passes, catch_up: fl
     first = costs.draft_pass.seconds(emitted, min_points=1)  # next step's first pass, over the emitted tokens
     seconds = catch_up * emitted + first + (passes - 1) * costs.draft_pass.seconds(batch, min_points=1)
     return np.where(passes > 0, seconds, 0.0)
+
+
+def continue_chains(
+    drafted: Sequence[Sequence[float]],
+    passes_run: int,
+    costs: StepCosts,
+    max_depth: int,
+    copies: tuple[float, int] = (0.0, 0),
+) -> Continuation | None:
+    """``continue_chains`` of the module docstring after ``passes_run`` = j drafter passes: ``drafted[i]`` holds
+    request i's fused estimates p_i,1..p_i,j of its drafted tokens (empty: it drafts nothing from the drafter
+    this step); ``copies`` = (expected accepted tokens, query tokens) of the step's free drafts. Returns the
+    chosen lengths d_i and D (= j: stop); None while the cost model is not ready."""
+    if not costs.ready() or not drafted:
+        return None
+    batch = len(drafted)
+    j = passes_run
+    top = max(j, max_depth)
+    gains = np.full((batch, top), -1.0)  # [B, K] g_i,k; -1: never taken
+    for i, estimates in enumerate(drafted):
+        if not estimates:
+            continue
+        p = np.clip(np.asarray(estimates[:j], dtype=np.float64), 0.0, 1.0)
+        survival = np.cumprod(p)  # [j] g_i,1..g_i,j
+        gains[i, :j] = survival
+        gains[i, j:] = survival[-1] * p[-1] ** np.arange(1, top - j + 1)
+    copy_gain, copy_tokens = copies
+    fixed = costs.fixed or 0.0
+    best = None
+    for depth in range(j, top + 1):
+        cap = np.where(gains[:, 0] >= 0, depth, 0)  # [B]
+        k = np.arange(1, top + 1)[None, :]
+        flat = np.where(k <= cap[:, None], gains, -1.0).reshape(-1)
+        order = np.argsort(-flat, kind="stable")[: int(cap.sum())]
+        total = batch + copy_gain + np.concatenate([[0.0], np.cumsum(flat[order])])  # E for N = 0..sum(cap)
+        n = np.arange(order.shape[0] + 1)
+        drafter = _drafter_seconds(costs, batch, total, max(depth, 1))
+        rates = total / (fixed + costs.target.seconds(batch + copy_tokens + n) + drafter)
+        pick = int(np.argmax(rates))
+        if best is None or rates[pick] > best[0] * (1.0 + MIN_GAIN):
+            best = (float(rates[pick]), depth, np.bincount(order[:pick] // top, minlength=batch))
+    rate, depth, lengths = best
+    return Continuation([int(d) for d in lengths], depth, rate)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    lengths: list[int]  # d_i per request (at most ``passes``)
+    passes: int  # D: drafter passes the step runs in all (= the passes run so far: stop now)
+    rate: float  # expected tokens per second of that choice
 
 
 def catch_up_per_token(costs: StepCosts, batch: int, rows: int, tokens_ahead: float | None) -> float:

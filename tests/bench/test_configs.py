@@ -33,7 +33,7 @@ def test_adaptivespec_rows_follow_the_plugin_contract():
     configs, rejected = select(["adaptivespec"], [0.7, 0.3], DRAFT_PATH)
     assert not rejected
     by_name = {c.name: c for c in configs}
-    assert set(by_name) == {"policy-only", "pinned-k2", "pinned-k4", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7",
+    assert set(by_name) == {"policy-only", "policy-first-pass", "pinned-k2", "pinned-k4", "margin-k4@0.7", "margin-k4@0.3", "adaptive@0.7",
                             "adaptive@0.3", "unguarded@0.7", "unguarded@0.3", "unguarded-k4@0.7", "unguarded-k4@0.3",
                             "tree-policy-only", "adaptive-tree@0.7",
                             "adaptive-tree@0.3"}

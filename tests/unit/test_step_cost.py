@@ -18,6 +18,7 @@ from vllm_adaptivespec.step_cost import (
     StepCosts,
     Stretches,
     catch_up_per_token,
+    continue_chains,
     could_pay,
     hindsight,
     monotone_fit,
@@ -75,6 +76,63 @@ def test_plan_is_within_min_gain_of_the_brute_force_optimum(
     assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, catch_up), rel=1e-9)
     _assert_near_best(plan, best)
     assert all(0 <= d <= max_depth for d in plan.depths)
+
+
+def _continued_rate(lengths, drafted, passes_run, costs, copies=(0.0, 0)):
+    """E / t of chains of ``lengths`` after ``passes_run`` passes, straight from the module docstring: the drafted
+    tokens' gains are the running products of their estimates, later tokens the last gain times the last
+    estimate per further token; the passes are max(D, j)."""
+    batch, j = len(drafted), passes_run
+    emitted = batch + copies[0]
+    for estimates, d in zip(drafted, lengths):
+        gain = 1.0
+        for k in range(d):
+            gain *= estimates[min(k, j - 1)]
+            emitted += gain
+    passes = max(max(lengths), j)
+    drafter = costs.draft_pass.seconds(emitted, 1) + (passes - 1) * costs.draft_pass.seconds(batch, 1)
+    return emitted / (costs.fixed + costs.target.seconds(batch + copies[1] + sum(lengths)) + drafter)
+
+
+@FAST
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3) | st.just([]), min_size=1, max_size=3),
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.floats(0.0, 0.05),
+    st.floats(0.01, 1.0),
+    st.floats(0.001, 1.0),
+    st.floats(0.0, 0.5),
+    st.sampled_from([(0.0, 0), (1.5, 2)]),
+)
+def test_continued_chains_are_within_min_gain_of_the_brute_force_optimum(
+    estimates, passes_run, max_depth, per_token, base, draft, fixed, copies
+):
+    costs = _costs(per_token, base, draft, fixed)
+    drafted = [e[:passes_run] for e in estimates]
+    plan = continue_chains(drafted, passes_run, costs, max_depth, copies)
+    top = max(passes_run, max_depth)
+    choices = itertools.product(*[range(top + 1) if e else [0] for e in drafted])
+    best = max(_continued_rate(list(d), drafted, passes_run, costs, copies) for d in choices)
+    assert plan.rate == pytest.approx(_continued_rate(plan.lengths, drafted, passes_run, costs, copies), rel=1e-9)
+    assert plan.rate >= best / (1.0 + MIN_GAIN) - 1e-12
+    assert passes_run <= plan.passes <= top and max(plan.lengths) <= plan.passes
+    assert all(d == 0 for d, e in zip(plan.lengths, drafted) if not e)
+
+
+def test_a_doubted_token_stops_the_chain_and_sure_ones_go_deeper():
+    # Batch 1, a target forward of 1 s whatever its tokens, a drafter pass of 0.3 s (a 0.5B drafter for a 1.5B
+    # target on 2 cores). The first plan priced every token at the first one's estimate 0.8.
+    costs = _costs(per_token=0.0, base=1.0, draft=0.3, fixed=0.05)
+    first = plan_depths([0.8], costs, 1, 8).depths[0]
+    doubted = continue_chains([[0.8, 0.2]], 2, costs, 8)
+    assert doubted.passes == 2 and doubted.lengths[0] <= 2  # no third pass after a doubted second token
+    sure = continue_chains([[0.8, 0.97, 0.97]], 3, costs, 8)
+    assert sure.passes > max(3, first)  # past the first plan's depth
+
+
+def test_no_continuation_until_measured():
+    assert continue_chains([[0.9]], 1, StepCosts(), 4) is None
 
 
 def test_the_catch_up_is_the_first_pass_beyond_a_drafting_steps_spread_over_the_tokens_ahead():

@@ -111,6 +111,9 @@ TABLE: tuple[Row, ...] = (
         about=f"vLLM dynamic speculation, batch-size schedule {DYNAMIC_SCHEDULE}"),
     Row("policy-only", "adaptivespec", _draft(8), {"tau": 1.0, "max_depth": 8},
         about="AdaptiveSpec shape policy, exact verification (lossless)"),
+    Row("policy-first-pass", "adaptivespec", _draft(8), {"tau": 1.0, "max_depth": 8, "replan_each_pass": False},
+        about="AdaptiveSpec shape policy with each chain's depth fixed at the first pass (replan_each_pass false), "
+              "lossless: beside policy-only, what re-planning after every pass adds"),
     Row("pinned-k2", "adaptivespec", _draft(2), {"tau": 1.0, "min_depth": 2, "max_depth": 2, "min_nodes": 2}, depth=2,
         about="AdaptiveSpec lossless pinned to depth 2 (same shape as static-k2: the plugin's own overhead)",
         stock_twin="static-k2"),

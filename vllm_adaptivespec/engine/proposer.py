@@ -45,6 +45,7 @@ class AdaptiveProposerMixin:
 
     adaptive_state: AdaptiveState
     _chain_depths: list[int] | None = None  # set by the first draft sample of a chain propose
+    _levels: list = []  # the tokens of each drafter pass of the chain propose under way ([batch_size] each)
     _choosing_depths = False  # True between the start of a chain propose and its first draft sample
 
     def propose(
@@ -218,37 +219,54 @@ class AdaptiveProposerMixin:
         run for as many passes as the deepest chain the policies chose (``_sample_draft_tokens``
         picks the depths at the first pass); each request's chain is then cut to its own depth.
         Returns (drafts per request, drafter passes run)."""
-        self._choosing_depths, self._chain_depths = True, None
+        self._choosing_depths, self._chain_depths, self._levels = True, None, []
         try:
             draft = super().propose(
                 num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                 next_token_ids, None, common_attn_metadata, sampling_metadata, mm_embed_inputs, None, None,
-            )  # fmt: skip  # [batch_size, max depth]
+            )  # fmt: skip  # [batch_size, passes run]
+        except _DraftingStopped:  # the re-plan after a pass stopped vLLM's loop early
+            draft = torch.stack(self._levels, dim=1)  # [batch_size, passes run]
         finally:
             self._choosing_depths = False
+            self.adaptive_state.chain_step = None
         started = time.perf_counter()
         depths = self._chain_depths
         drafts = self.adaptive_state.with_free_drafts([row[:depth] for row, depth in zip(draft.tolist(), depths)])
         self.adaptive_state.charge(started)
-        return drafts, max(1, max(depths, default=1))
+        return drafts, int(draft.shape[1])
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata):
         """Tokens of one drafter pass of vLLM's loop ([batch_size] from [batch_size, hidden]): the argmax
         (drafts are one-hot proposals, see the module docstring). At the first pass of a chain
         propose each request's policy also reads its top-1 confidence and picks its depth, and the
-        loop is told to run only as many more passes as the deepest chain needs."""
-        if not self._choosing_depths:
+        loop is told to run only as many more passes as the deepest chain needs. Where the step is
+        re-planned pass by pass (``AdaptiveState.chain_step``), the loop may run up to ``max_depth``
+        passes, each later pass's confidences go to ``AdaptiveState.continue_chains``, and when that
+        stops drafting the loop is left by raising ``_DraftingStopped`` (vLLM's loop has no early exit;
+        nothing follows the pass in it but stacking the tokens, which ``_propose_chains`` does instead)."""
+        if not self._choosing_depths and self.adaptive_state.chain_step is None:
             return self._greedy_sample(hidden_states), None
-        self._choosing_depths = False
         logits = self.model.compute_logits(hidden_states)  # [batch_size, vocab]
         started = time.perf_counter()
-        tokens, _, confidence = top_candidates(logits, 1)
+        tokens, _, confidence = top_candidates(logits, 1)  # [batch_size, 1], _, [batch_size]
+        self._levels.append(tokens[:, 0])
+        if not self._choosing_depths:  # a later pass of a re-planned step
+            lengths = self.adaptive_state.continue_chains(confidence.tolist())
+            self.adaptive_state.charge(started)
+            if lengths is not None:
+                self._chain_depths = lengths
+                raise _DraftingStopped
+            return tokens[:, 0], None
+        self._choosing_depths = False
         confidence = confidence.cpu()
         self._first_pass_finished()
         shapes = self.adaptive_state.choose_shapes(confidence, self.num_speculative_tokens)
         self._chain_depths = [shape.depth for shape in shapes]
         # vLLM's loop reads it after this call (at least 1: its k = 1 exit reshapes by it; depth-0 rows are cut)
-        self.num_speculative_tokens = max(1, max(self._chain_depths, default=1))
+        chain_step = self.adaptive_state.chain_step
+        deepest = chain_step.max_depth if chain_step is not None else max(self._chain_depths, default=1)
+        self.num_speculative_tokens = max(1, deepest)
         self.adaptive_state.charge(started)
         return tokens[:, 0], None
 
@@ -375,6 +393,10 @@ class AdaptiveProposerMixin:
             grid_logprobs[request, column] = cand_logprobs
             builder.add_level(grid_tokens, grid_logprobs)
         return builder.finish()
+
+
+class _DraftingStopped(Exception):
+    """Raised from the last drafter pass a re-planned chain step runs, out of vLLM's drafting loop."""
 
 
 def top_candidates(

@@ -13,7 +13,8 @@ from vllm_adaptivespec.config import AdaptiveSpecConfig, AdaptiveSpecConfigError
 
 KEY = "adaptivespec"
 DEBUG_KEY = "adaptivespec_debug"  # test-only knobs, beside the validated settings
-# random_shapes=<seed>: a random tree shape per request and step; random_off=<seed>: speculation switched
+# random_shapes=<seed>: a random tree shape per request and step (chains: the step's drafting also stops at a
+# random pass, each chain cut there); random_off=<seed>: speculation switched
 # off for the whole step (no drafter pass) at random, about every other step, and half the other steps
 # catching up one request chosen at random, as a probe does (draft models);
 # record_steps=<n>: keep the last n verification steps' records for `AdaptiveState.take_step_log`

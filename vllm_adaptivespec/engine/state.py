@@ -26,11 +26,13 @@ from vllm_adaptivespec.engine.verify_cost import DraftCost, VerifyCost
 from vllm_adaptivespec.policy import PolicyBank, TreeShape, tree_capacity
 from vllm_adaptivespec.step_cost import (
     ConfidenceCalibration,
+    Continuation,
     OutputLengths,
     PooledAcceptance,
     StepCosts,
     Stretches,
     catch_up_per_token,
+    continue_chains,
     could_pay,
     plan_depths,
 )
@@ -66,6 +68,19 @@ def add_counts(counts: list[int], values: Iterable[int]) -> list[int]:
             counts.extend([0] * (value + 1 - len(counts)))
         counts[value] += 1
     return counts
+
+
+@dataclass
+class ChainStep:
+    """A chain step re-planned after every drafter pass (``AdaptiveState.continue_chains``), per batch row."""
+
+    drafted: list[list[float]]  # fused estimate of each token drafted so far ([]: no drafter chain this step)
+    must: list[bool]  # the row drafts this step whatever its estimates (a probe)
+    copies: tuple[float, int]  # expected accepted tokens and query tokens of the step's free drafts
+    copy_lengths: list[int]  # each row's free draft length (0: none)
+    max_depth: int
+    first_depths: list[int]  # the first pass's depths (random shapes: each chain's, cut where the step stops)
+    passes: int = 1  # drafter passes run so far
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,7 @@ class AdaptiveState:
         self.verification: Verification | None = None
         self.drafts: dict[str, DraftRecord] = {}
         self.tree_step = None  # the scheduled trees of the step in flight (engine.tree_step.TreeStep)
+        self.chain_step: ChainStep | None = None  # a chain step being drafted and re-planned pass by pass
         self.cost = VerifyCost()  # target forward time by query tokens, measured by the runner hooks
         self.draft_cost = DraftCost()  # drafter pass vs target forward, measured by the proposer and the hooks
         self.step_costs = StepCosts(target=self.cost)  # + drafter pass by rows + fixed step cost
@@ -194,10 +210,10 @@ class AdaptiveState:
         if probe:
             self._choose_free(req_ids, [0] * batch, [False] * batch)
         elif self._random_shapes is None and self.planned and (chains or self.free_drafts is not None):
+            estimates = self.acceptance_estimates(req_ids, confidence.tolist())
             plan = plan_depths(
-                self.acceptance_estimates(req_ids, confidence.tolist()), self.step_costs, self.config.min_depth,
-                min(self.config.max_depth, node_ceiling), allow_off=self.config.allow_off,
-                free=self._free_estimates(req_ids),
+                estimates, self.step_costs, self.config.min_depth, min(self.config.max_depth, node_ceiling),
+                allow_off=self.config.allow_off, free=self._free_estimates(req_ids),
             )  # fmt: skip
         free_rows = [False] * batch
         if plan is not None:  # the requests it drafts from their copy alone (a request due a probe: the drafter)
@@ -225,9 +241,58 @@ class AdaptiveState:
             shapes = [TreeShape(0, 1, 0) if probe or rid in self.behind else shape for rid, shape in zip(req_ids, shapes)]
         for rid, shape in zip(req_ids, shapes):
             self.idle[rid] = 0 if shape.depth else self.idle.get(rid, 0) + 1  # steps without a drafter draft
-        self.step.add_depths(d if free else shape.depth for d, free, shape in zip(plan.depths if plan else [0] * batch,
-                                                                                   free_rows, shapes))
+        copies = [d if free else 0 for d, free in zip(plan.depths if plan else [0] * batch, free_rows)]
+        self.chain_step = None
+        replanned = plan is not None or self._random_shapes is not None
+        if replanned and chains and self.config.replan_each_pass and max(s.depth for s in shapes) >= 2:
+            # Re-planned after every further pass (``continue_chains``); the depths are recorded when it stops.
+            free_estimates = self._free_estimates(req_ids) or [(0, 0.0)] * batch
+            if plan is None:  # random shapes: the estimates are never read
+                estimates = [0.5] * batch
+            self.chain_step = ChainStep(
+                drafted=[[] if f or rid in self.behind else [p] for rid, f, p in zip(req_ids, free_rows, estimates)],
+                must=[self._must_probe(rid) and rid not in self.behind for rid in req_ids],
+                copies=(sum(q ** k for (_, q), n in zip(free_estimates, copies) for k in range(1, n + 1)), sum(copies)),
+                copy_lengths=copies,
+                max_depth=min(self.config.max_depth, node_ceiling),
+                first_depths=[shape.depth for shape in shapes],
+            )  # fmt: skip
+        else:
+            self.step.add_depths(c if f else shape.depth for c, f, shape in zip(copies, free_rows, shapes))
         return shapes
+
+    def continue_chains(self, confidence: list[float]) -> list[int] | None:
+        """After one more drafter pass of a chain step (``confidence`` [B]: each row's top-1 confidence for the
+        token that pass drafted): each chain's length if the step stops drafting here, None to run another pass
+        (``step_cost.continue_chains``, each drafted token priced by ``acceptance_estimates`` of its own
+        confidence). A chain that drafts keeps at least ``min_depth`` tokens (a probe's request always drafts),
+        so the step runs at least ``min_depth`` passes while one does; it stops at ``max_depth`` passes."""
+        chain = self.chain_step
+        chain.passes += 1
+        if self._random_shapes is not None:  # debug: stop at a random pass, each chain its random depth cut there
+            if chain.passes < chain.max_depth and self._random_shapes.random() < 0.5:
+                return None
+            self.chain_step = None
+            lengths = [min(depth, chain.passes) for depth in chain.first_depths]
+            self.step.add_depths(lengths)
+            return lengths
+        for drafted, estimate in zip(chain.drafted, self.acceptance_estimates(self.request_ids(), confidence)):
+            if drafted:
+                drafted.append(estimate)
+        plan = continue_chains(chain.drafted, chain.passes, self.step_costs, chain.max_depth, chain.copies)
+        if plan is None:  # the cost model lost its prices (a stale bucket restarted): the chains drafted so far
+            plan = Continuation([chain.passes if d else 0 for d in chain.drafted], chain.passes, 0.0)
+        floor = min(self.config.min_depth, chain.passes)
+        lengths = [
+            max(n, floor) if drafted and (n or must) else 0
+            for n, drafted, must in zip(plan.lengths, chain.drafted, chain.must)
+        ]  # fmt: skip
+        short = chain.passes < self.config.min_depth and any(lengths)
+        if chain.passes < chain.max_depth and (plan.passes > chain.passes or short):
+            return None
+        self.chain_step = None
+        self.step.add_depths(c or n for c, n in zip(chain.copy_lengths, lengths))
+        return lengths
 
     def _free_estimates(self, req_ids: list[str]) -> list[tuple[int, float]] | None:
         """Each request's free draft for the step plan, (L_i, q_i); None without the free source."""
