@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.engine.state import PROBE_BACKOFF, AdaptiveState
@@ -19,7 +20,7 @@ def _state(batch: int, per_token: float, base: float, draft: float, **settings) 
     """A state for ``batch`` requests whose target forward costs base + per_token * q (q query tokens)
     and whose drafter pass costs ``draft``, all seconds, already measured."""
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[f"r{i}" for i in range(batch)]), requests={})
-    state = AdaptiveState(AdaptiveSpecConfig(max_depth=4, **settings), runner)
+    state = AdaptiveState(AdaptiveSpecConfig(**{"max_depth": 4, **settings}), runner)
     costs = StepCosts(window=1, target=state.cost)
     for q in (1, 2, 4, 8, 16, 32, 64):
         costs.target.observe(q, base + per_token * q)
@@ -119,6 +120,48 @@ def test_before_the_first_pass_a_confidence_counts_at_its_calibrated_expectation
     # After the pass each request's own confidence is read through the calibration, as before.
     c = state.calibration(0.95)
     assert state.acceptance_estimates(["r0", "r1"], [0.95, 0.95]) == pytest.approx([0.5 * c + 0.5, 0.5 * c])
+
+
+def _chain_step(state: AdaptiveState, confidences: list[list[float]]) -> tuple[list[int], int]:
+    """Draft one chain step: the first pass's confidences choose the shapes, each later pass's go to
+    ``continue_chains`` until it stops. Returns (chain lengths, drafter passes run)."""
+    shapes = state.choose_shapes(torch.tensor(confidences[0]), 8)
+    if state.chain_step is None:
+        return [shape.depth for shape in shapes], 1
+    for passes, confidence in enumerate(confidences[1:], start=2):
+        lengths = state.continue_chains(confidence)
+        if lengths is not None:
+            return lengths, passes
+    raise AssertionError("drafting did not stop by the last pass given")
+
+
+def test_a_chain_step_stops_at_a_doubted_token_and_goes_on_while_the_drafter_is_sure():
+    # Batch 1, verification nearly free, a drafter pass a fifth of a step; the request's history and the
+    # drafter's calibration say a sure token is accepted 90% of the time.
+    def state():
+        s = _state(batch=1, per_token=0.0005, base=0.05, draft=0.01, max_depth=8, confidence_weight=0.5)
+        s.policies["r0"].observe(10, 9, 0)
+        for accepted in [True] * 9 + [False]:
+            s.calibration.observe(0.97, accepted)
+        return s
+
+    first = state().choose_shapes(torch.tensor([0.8]), 8)[0].depth  # a less sure first token
+    assert 2 <= first < 8
+    lengths, passes = _chain_step(state(), [[0.8], [0.05], [0.97], [0.97]])
+    assert passes == 2 and lengths[0] <= 2  # no third pass after the doubted second token
+    lengths, passes = _chain_step(state(), [[0.8]] + [[0.97]] * 7)
+    assert passes > first and lengths == [passes]  # surer tokens after it: past the first plan
+    assert state().step.depth_counts == []  # nothing recorded before a step stops
+    s = state()
+    _chain_step(s, [[0.97], [0.05], [0.97]])
+    assert sum(s.step.depth_counts) == 1  # one request's depth, recorded once
+
+
+def test_a_re_planned_chain_keeps_min_depth():
+    s = _state(batch=1, per_token=0.0005, base=0.05, draft=0.01, max_depth=8, min_depth=3)
+    s.policies["r0"].observe(10, 9, 0)
+    lengths, passes = _chain_step(s, [[0.97], [0.01], [0.01], [0.01]])
+    assert passes == 3 and lengths == [3]
 
 
 def test_the_drafter_lags_from_where_it_first_saw_a_request():

@@ -7,8 +7,11 @@ shape (depth, width, nodes).
 
 * Chain mode: vLLM's own loop drafts the remaining levels (draft KV in the paged cache, the stock
   attention kernel, the buffers it was sized for), for as many passes as the deepest chain of the
-  batch; every request's chain is cut to its own depth. Apart from the policy call this is the
-  stock proposer's work, pass for pass.
+  batch; every request's chain is cut to its own depth. Where the step plan sizes the chains
+  (``replan_each_pass``), the step is planned again after every pass with that pass's confidences
+  (``AdaptiveState.continue_chains``): the loop stops where one more pass no longer pays, or goes on
+  past the first plan, up to ``max_depth``. Apart from the policy calls this is the stock proposer's
+  work, pass for pass.
 * Tree mode: the frontier is expanded one level per drafter pass: every frontier node gets its
   top-``width`` children, all frontier nodes of the batch in one forward under an ancestor mask
   (``tree_attention``). The engine-free ``TreeBuilder`` picks the frontier and the kept nodes.
