@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
-from vllm_adaptivespec.engine.state import PROBE_BACKOFF, AdaptiveState
+from vllm_adaptivespec.engine.state import HISTORY_PRIOR_WEIGHT, PROBE_BACKOFF, AdaptiveState
 from vllm_adaptivespec.step_cost import StepCosts
 
 
@@ -97,12 +97,24 @@ def test_a_probe_looks_at_the_request_with_the_smallest_backlog_only():
     assert state.probe_only is None and all(state._must_probe(rid) for rid in state.request_ids())
 
 
-def test_a_new_request_starts_from_the_pooled_acceptance():
+def test_a_new_request_starts_from_the_pooled_acceptance_and_its_own_history_is_shrunk_toward_it():
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01)
     for _ in range(10):
         state.pooled.observe(3, 0)  # every recent draft was rejected at once
-    state.policies["r0"].observe(3, 3, 0)  # r0 has its own history: all accepted
-    assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
+    state.policies["r0"].observe(3, 3, 0)  # r0 has its own history: 3 judged positions, all accepted
+    w = HISTORY_PRIOR_WEIGHT
+    assert state.acceptance_estimates(["r0", "r1"]) == pytest.approx([3 / (3 + w), 0.0])
+    for _ in range(30):
+        state.policies["r0"].observe(3, 3, 0)
+    assert state.acceptance_estimates(["r0"])[0] > 0.9  # a long history of its own outweighs the pool
+    # One rejected first token does not make a request's drafter look hopeless where the pool is good.
+    for _ in range(30):
+        state.pooled.observe(3, 3)
+    pooled = state.pooled.rate()
+    assert pooled > 0.85
+    state.policies["r1"].observe(3, 0, 0)
+    assert state.acceptance_estimates(["r1"]) == pytest.approx([w * pooled / (1 + w)])
+    assert state.acceptance_estimates(["r1"])[0] > 0.65
 
 
 def test_before_the_first_pass_a_confidence_counts_at_its_calibrated_expectation():
@@ -112,14 +124,17 @@ def test_before_the_first_pass_a_confidence_counts_at_its_calibrated_expectation
     state = _state(batch=2, per_token=0.0005, base=0.05, draft=0.01, confidence_weight=0.5)
     state.policies["r0"].observe(4, 4, 0)
     state.policies["r1"].observe(4, 0, 0)
-    assert state.acceptance_estimates(["r0", "r1"]) == [1.0, 0.0]
+    w, prior = HISTORY_PRIOR_WEIGHT, state.config.prior_acceptance  # no pooled acceptance yet: the prior
+    a0, a1 = (4 + w * prior) / (4 + w), w * prior / (1 + w)  # histories shrunk toward it (``_history``)
+    assert state.acceptance_estimates(["r0", "r1"]) == pytest.approx([a0, a1])
     for accepted in (True, False, False, False):
         state.calibration.observe(0.95, accepted)
     assert state.calibration.mean() == 0.25
-    assert state.acceptance_estimates(["r0", "r1"]) == pytest.approx([0.625, 0.125])
+    assert state.acceptance_estimates(["r0", "r1"]) == pytest.approx([0.125 + 0.5 * a0, 0.125 + 0.5 * a1])
     # After the pass each request's own confidence is read through the calibration, as before.
     c = state.calibration(0.95)
-    assert state.acceptance_estimates(["r0", "r1"], [0.95, 0.95]) == pytest.approx([0.5 * c + 0.5, 0.5 * c])
+    assert state.acceptance_estimates(["r0", "r1"], [0.95, 0.95]) == pytest.approx([0.5 * c + 0.5 * a0,
+                                                                                    0.5 * c + 0.5 * a1])
 
 
 def _chain_step(state: AdaptiveState, confidences: list[list[float]]) -> tuple[list[int], int]:
@@ -340,6 +355,7 @@ def test_the_catch_up_repays_over_no_more_than_the_drafters_recent_stretches_on(
     # ahead the plan turns the drafter on; it stays on 5 steps (40 tokens) and the plan turns it off. The
     # next turn-on is priced over 40 tokens, not 15,920: the backlog stays uncaught.
     state = _state(batch=8, per_token=0.0005, base=0.05, draft=0.01, prior_acceptance=0.9)
+    state.stretches.min_stretches = 1  # one stretch is an estimate here (``Stretches`` waits for three)
     state.step_costs.draft_pass.observe(1024, 1.28)
     _with_requests(state, outputs=10, max_tokens=2000)
     assert not state.drafter_off(rows=1000)

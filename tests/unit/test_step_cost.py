@@ -511,7 +511,7 @@ def test_a_stale_bucket_restarts_and_is_interpolated_over():
 
 
 def test_stretches_count_what_the_plan_turned_on_until_it_turned_it_off():
-    stretches = Stretches(window=2)
+    stretches = Stretches(window=2, min_stretches=1)
     assert stretches.mean() is None
     stretches.step(True, 8, started_by_plan=False)  # a probe's step: starts nothing
     stretches.step(False, 8, started_by_plan=True)
@@ -527,3 +527,18 @@ def test_stretches_count_what_the_plan_turned_on_until_it_turned_it_off():
     stretches.step(True, 1, started_by_plan=True)
     stretches.step(False, 1, started_by_plan=True)  # the window keeps the last two: 6 and 1
     assert stretches.mean() == 3.5
+
+
+def test_a_stretch_cut_only_by_a_backlog_is_dropped_and_one_stretch_is_no_estimate():
+    stretches = Stretches(window=4, min_stretches=2)
+    for _ in range(3):
+        stretches.step(True, 1, started_by_plan=True)
+    stretches.step(False, 1, started_by_plan=True, on_merits=False)  # off only for a new prompt's catch-up
+    assert stretches.mean() is None
+    stretches.step(True, 1, started_by_plan=True)
+    stretches.step(False, 1, started_by_plan=True)  # the plan turned it off on the merits: one stretch of 1
+    assert stretches.mean() is None  # one stretch is no estimate
+    for _ in range(5):
+        stretches.step(True, 1, started_by_plan=True)
+    stretches.step(False, 1, started_by_plan=True)
+    assert stretches.mean() == 3  # (1 + 5) / 2: the dropped stretch of 3 is not among them

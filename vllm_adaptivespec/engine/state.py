@@ -122,6 +122,9 @@ class Verification:
         return self.trees.depths.amax(1).tolist()
 
 
+HISTORY_PRIOR_WEIGHT = 4.0  # judged positions the pooled acceptance counts as in a request's estimate (``_history``)
+
+
 class AdaptiveState:
     def __init__(
         self,
@@ -360,10 +363,19 @@ class AdaptiveState:
         return [w * self.calibration(c) + (1.0 - w) * a for c, a in zip(confidence, history)]
 
     def _history(self, rid: str, pooled: float | None) -> float:
-        """The request's rolling acceptance a_i; before its first judged draft, the pooled acceptance of
-        recent drafts of every request (``PooledAcceptance``), else ``prior_acceptance``."""
+        """The request's rolling acceptance a_i, shrunk toward the pooled acceptance of recent drafts of every
+        request (``PooledAcceptance``; ``prior_acceptance`` before any) while its own window holds few judged
+        positions n_i:
+
+            a_i = (n_i * rate_i + HISTORY_PRIOR_WEIGHT * pooled) / (n_i + HISTORY_PRIOR_WEIGHT)
+
+        so before its first judged draft a request starts from the pool, and one rejected first token does not
+        read as a drafter that is never right (unshrunk, it set a_i = 0 and, at batch 1 on HumanEval where 88% of
+        drafted tokens were accepted, kept the drafter off for the next 16 steps, every few requests)."""
         policy = self.policies[rid]
-        return pooled if policy.judged == 0 and pooled is not None else policy.acceptance_rate
+        prior = self.config.prior_acceptance if pooled is None else pooled
+        n = policy.judged
+        return (n * policy.acceptance_rate + HISTORY_PRIOR_WEIGHT * prior) / (n + HISTORY_PRIOR_WEIGHT)
 
     def _cost_probe(self, batch: int) -> bool:
         """Whether this step decodes plainly, no drafts at all, to re-measure plain decoding's forward: the
@@ -406,15 +418,20 @@ class AdaptiveState:
         request without a judged draft of its own starts from, and its own. A probe after which the plan still says
         off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets it to
         ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never wrong
-        (``step_cost.could_pay`` on the measured costs) is not probed: no estimate could change that answer, and a
-        probe would pay the drafter's catch-up for nothing (while the same batch stays off its backlog grows and
-        what it has ahead shrinks, so that answer holds until the batch changes). The other way round, a batch that
+        (``step_cost.could_pay`` on the measured costs, its catch-up priced over every token the batch has ahead: such
+        a drafter is never turned off, so the cap by recent stretches does not apply to it) is not probed: no
+        estimate could change that answer, and a probe would pay the drafter's catch-up for nothing (while the same
+        batch stays off its backlog grows and what it has ahead shrinks, so that answer holds until the batch
+        changes). Priced over the capped T instead, the verdict sealed itself: no stretch ran, so the cap that
+        caused it never changed (batch 1, HumanEval: one early stretch of one step kept every later request's
+        drafter off for good). The other way round, a batch that
         drafts is switched off for one step when the plain forward's cost reading is stale (``_cost_probe``)."""
         cfg = self.config
         req_ids = self.request_ids()
         free_depths = [0] * len(req_ids)
         free = self._free_estimates(req_ids)  # this step's copies: a new one is worth a new plan
         probe = False
+        on_merits = True  # off, if it is, whatever the drafter's backlog (``Stretches``)
         self.probe_only = None
         if self._random_off is not None:  # debug knob: whatever the settings; half the passes catch up one request
             off = self._random_off.random() < 0.5
@@ -431,7 +448,7 @@ class AdaptiveState:
             self._probing = not off
         else:
             catch_up = 0.0 if rows is None else catch_up_per_token(
-                self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids)
+                self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids)  # T: at most recent stretches on
             )  # fmt: skip
             plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth,
                                free=free, catch_up=catch_up)  # fmt: skip
@@ -440,9 +457,18 @@ class AdaptiveState:
                 if plan is not None:
                     self.probe_interval = cfg.probe_every
             else:
+                if catch_up > 0:
+                    unpriced = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth,
+                                           cfg.max_depth, free=free)  # fmt: skip
+                    on_merits = unpriced is None or unpriced.passes == 0
                 if self._probing:  # the probe found nothing worth drafting: look half as often
                     self.probe_interval = min(2 * self.probe_interval, cfg.probe_every * PROBE_BACKOFF)
-                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth, catch_up)
+                # A drafter that is never wrong is never turned off on the merits: its stretch lasts as long as
+                # the batch has tokens ahead, so its catch-up is priced over all of them.
+                perfect = 0.0 if rows is None else catch_up_per_token(
+                    self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids, stretches=False)
+                )  # fmt: skip
+                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth, perfect)
                 off = self._hopeless or self.off_streak < self.probe_interval
                 self._probing = not off
                 if off:  # free drafts, if the plan took any, are this step's only drafts
@@ -452,7 +478,7 @@ class AdaptiveState:
             self.probe_only = req_ids[min(range(len(req_ids)), key=lags.__getitem__)]
         self.off_streak = self.off_streak + 1 if off else 0
         if not probe:  # a step off to re-measure plain decoding does not end a stretch of drafting
-            self.stretches.step(not off, len(req_ids), started_by_plan=not self._probing)
+            self.stretches.step(not off, len(req_ids), started_by_plan=not self._probing, on_merits=on_merits)
         # The same batch, off again with nothing verified in between and no copy on offer, gets the same answer
         # without a new plan.
         self._off_batch = req_ids if off and not probe and not any(free_depths) else None
@@ -463,11 +489,11 @@ class AdaptiveState:
             self.step.add_depths(free_depths)
         return off
 
-    def tokens_ahead(self, req_ids: list[str]) -> float | None:
+    def tokens_ahead(self, req_ids: list[str], stretches: bool = True) -> float | None:
         """T of ``step_cost``: the tokens the requests are expected to emit from here, each request's
         ``OutputLengths.ahead`` given its output so far and the most it may emit (its ``max_tokens``, or what
-        its context leaves), at most the mean of the drafter's recent stretches on (``Stretches``). None when
-        a request's state is unknown to the runner."""
+        its context leaves), with ``stretches`` at most the mean of the drafter's recent stretches on
+        (``Stretches``). None when a request's state is unknown to the runner."""
         total = 0.0
         for rid in req_ids:
             request = self._runner.requests.get(rid)
@@ -478,7 +504,7 @@ class AdaptiveState:
             if request.sampling_params.max_tokens is not None:
                 left = min(left, request.sampling_params.max_tokens - n)
             total += self.output_lengths.ahead(n, n + left)
-        stretch = self.stretches.mean()
+        stretch = self.stretches.mean() if stretches else None
         return total if stretch is None else min(total, stretch)
 
     def drafter_seen(self, first_positions: list[int]) -> None:
