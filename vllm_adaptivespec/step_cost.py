@@ -457,7 +457,7 @@ class Stretches:
     request's prompt, at batch 1 every request's) is dropped, not recorded: it says nothing about how long the
     drafter keeps paying, and recorded it would feed itself. At batch 1 on 2 CPU cores (HumanEval, 88% of
     drafted tokens accepted) the first stretch lasted one step, so the next prompt's catch-up was priced over
-    one token and the drafter stayed off, each such stretch shorter than the last: off in 57% of the steps, at
+    one token and the drafter stayed off, each such stretch shorter than the last: off at 419 of 770 decisions,
     0.84x stock k=4."""
 
     def __init__(self, window: int = 16, min_stretches: int = 3):

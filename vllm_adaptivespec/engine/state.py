@@ -450,16 +450,15 @@ class AdaptiveState:
             catch_up = 0.0 if rows is None else catch_up_per_token(
                 self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids)  # T: at most recent stretches on
             )  # fmt: skip
-            plan = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth, cfg.max_depth,
-                               free=free, catch_up=catch_up)  # fmt: skip
+            estimates = self.acceptance_estimates(req_ids)
+            plan = plan_depths(estimates, self.step_costs, cfg.min_depth, cfg.max_depth, free=free, catch_up=catch_up)
             if plan is None or plan.passes > 0:
                 off = self._hopeless = self._probing = False
                 if plan is not None:
                     self.probe_interval = cfg.probe_every
             else:
                 if catch_up > 0:
-                    unpriced = plan_depths(self.acceptance_estimates(req_ids), self.step_costs, cfg.min_depth,
-                                           cfg.max_depth, free=free)  # fmt: skip
+                    unpriced = plan_depths(estimates, self.step_costs, cfg.min_depth, cfg.max_depth, free=free)
                     on_merits = unpriced is None or unpriced.passes == 0
                 if self._probing:  # the probe found nothing worth drafting: look half as often
                     self.probe_interval = min(2 * self.probe_interval, cfg.probe_every * PROBE_BACKOFF)
