@@ -83,9 +83,11 @@ the backlog would keep a batch off for good once it had been off a while (the ba
 step off); never charged, a batch at 2 CPU cores turned a drafter that did not pay back on every few steps,
 each time for a catch-up pass over hundreds to thousands of rows (1.5-6 s a step, where a plain step took
 0.5 s). After the first pass (how deep?) the catch-up is paid and ``catch_up`` is 0.
-Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1, catch-up included:
-when even a drafter that is always right loses to plain decoding at this batch size on these costs, no
-acceptance estimate can change the answer, and a probe (which pays the drafter's catch-up) buys nothing.
+Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1, catch-up included,
+with T not capped by the stretches (a drafter that is always right is never turned off, so its stretch lasts
+as long as the batch has tokens ahead): when even such a drafter loses to plain decoding at this batch size on
+these costs, no acceptance estimate can change the answer, and a probe (which pays the drafter's catch-up)
+buys nothing.
 
 Re-planned after every drafter pass (``continue_chains``, chains): after j passes request i's chain holds j
 drafted tokens, each with its own fused estimate p_i,k (from that token's confidence, as p_i is from the first
