@@ -168,3 +168,22 @@ def test_missing_module_names_the_package_and_the_import_error():
     assert missing_module("json") is None
     reason = missing_module("vllm_adaptivespec_no_such_module")
     assert "importing vllm_adaptivespec_no_such_module failed: ModuleNotFoundError" in reason
+
+
+def test_overrides_change_only_the_named_adaptivespec_settings_and_bad_ones_fail_naming_the_field():
+    from vllm_adaptivespec.bench.configs import build_with_overrides
+
+    plain = build_with_overrides("policy-only", DRAFT_PATH)
+    assert plain == build(next(r for r in TABLE if r.name == "policy-only"), DRAFT_PATH)
+    changed = build_with_overrides("policy-only+allow_off=false+max_depth=4", DRAFT_PATH)
+    assert changed.name == "policy-only+allow_off=false+max_depth=4"
+    assert changed.adaptivespec == {**plain.adaptivespec, "allow_off": False, "max_depth": 4}
+    assert changed.speculative_config == plain.speculative_config
+    with pytest.raises(ValueError, match="max_depht"):
+        build_with_overrides("policy-only+max_depht=4", DRAFT_PATH)
+    with pytest.raises(ValueError, match="max_depth"):
+        build_with_overrides("policy-only+max_depth=0", DRAFT_PATH)
+    with pytest.raises(ValueError, match="no settings"):
+        build_with_overrides("static-k2+tau=0.5", DRAFT_PATH)
+    with pytest.raises(ValueError, match="unknown configuration"):
+        build_with_overrides("nope", DRAFT_PATH)

@@ -88,6 +88,10 @@ def test_cpu_image_preloads_the_openmp_runtime_install_sh_checks():
     # python:3.11-slim has sys.prefix /usr/local; install.sh verifies <sys.prefix>/lib/libiomp5.so exists.
     assert "LD_PRELOAD=/usr/local/lib/libiomp5.so" in env
     assert "VLLM_CPU_KVCACHE_SPACE=" in env
+    # the same glibc malloc settings as scripts/env.sh (freed memory kept, no fresh pages every step)
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"):
+        value = next(arg.split("=")[1].split()[0] for arg in env.split() if arg.startswith(name + "="))
+        assert f'{name}="${{{name}:-{value}}}"' in (ROOT / "scripts" / "env.sh").read_text(), name
     assert "sys.prefix" in (DEPLOY / "install.sh").read_text()
 
 

@@ -12,6 +12,7 @@ suffix-tree cache. Where that package does not import, selecting the row rejects
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -219,6 +220,33 @@ def build(row: Row, drafter: str | None, tau: float | None = None) -> BenchConfi
         about=row.about,
         needs_drafter=_uses(row.speculative, DRAFTER),
     )
+
+
+def build_with_overrides(name: str, drafter: str | None) -> BenchConfig:
+    """A row by name, its AdaptiveSpec settings overridden after ``+`` (values read as JSON, else as text):
+    ``policy-only+allow_off=false+max_depth=4``. For experiments (``benchmarks/paired.py``); raises ValueError
+    for an unknown row, a row without AdaptiveSpec settings, or a bad value (naming the field)."""
+    from dataclasses import replace
+
+    from vllm_adaptivespec.config import AdaptiveSpecConfig
+
+    row_name, *overrides = name.split("+")
+    if row_name not in ROWS:
+        raise ValueError(f"unknown configuration {row_name!r}; known: {', '.join(known_names())}")
+    config = build(ROWS[row_name], drafter)
+    if not overrides:
+        return config
+    if config.adaptivespec is None:
+        raise ValueError(f"{row_name!r} is not an AdaptiveSpec row: it has no settings to override")
+    settings = dict(config.adaptivespec)
+    for item in overrides:
+        key, _, text = item.partition("=")
+        try:
+            settings[key] = json.loads(text)
+        except ValueError:
+            settings[key] = text
+    AdaptiveSpecConfig.parse(settings)  # raises with one line per bad field
+    return replace(config, name=name, adaptivespec=settings)
 
 
 def known_names() -> list[str]:

@@ -64,5 +64,6 @@ def describe() -> dict:
             "gpus": _gpus(),
         },
         "env": {k: os.environ[k] for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING",
-                                             "OMP_NUM_THREADS", "LD_PRELOAD") if k in os.environ},
+                                             "OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_MMAP_THRESHOLD_",
+                                             "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_") if k in os.environ},
     }
