@@ -6,7 +6,8 @@ drift. Here both engines are built once and kept alive (vLLM's default: each eng
 process, as `vllm serve` runs it), and the work is cut into small units run A B, then B A (ABBA), so
 drift cancels within a pair of units and every unit gives its own ratio:
 - batch 1: a unit is one prompt (~100-160 output tokens, a few seconds);
-- batch N: a unit is N prompts in flight together (closed loop).
+- batch N: a unit is N prompts in flight together (closed loop);
+- before a cell's units, its first unit runs once on each engine unmeasured (warm-up at the cell's shapes).
 An idle engine's core process blocks on its input queue and costs nothing; a short pause between units
 lets the other's OpenMP threads stop spinning.
 
@@ -114,6 +115,11 @@ def run_pair(pair: tuple[str, str], args, items: dict, target: str, drafter: str
             for batch in args.batches:
                 chunks = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
                 chunks = chunks * args.passes
+                # One unit on each engine first, not measured: the cell's shapes (a batch of B at depth k) are
+                # new to both, and in one process the engines share glibc's heap, so the engine that met them
+                # first would pay alone for the heap's growth (with freed memory kept) and new GEMM primitives.
+                for llm in llms:
+                    run_unit(llm, [prompts[i] for i in chunks[0]], [params[i] for i in chunks[0]], batch)
                 units = []
                 for n, chunk in enumerate(chunks):
                     order = (0, 1) if n % 2 == 0 else (1, 0)  # ABBA

@@ -187,3 +187,7 @@ def test_overrides_change_only_the_named_adaptivespec_settings_and_bad_ones_fail
         build_with_overrides("static-k2+tau=0.5", DRAFT_PATH)
     with pytest.raises(ValueError, match="unknown configuration"):
         build_with_overrides("nope", DRAFT_PATH)
+    swept = build_with_overrides("adaptive@0.5+max_depth=4", DRAFT_PATH)
+    assert swept.tau == 0.5 and swept.adaptivespec["tau"] == 0.5 and swept.adaptivespec["max_depth"] == 4
+    with pytest.raises(ValueError, match="swept over tau"):
+        build_with_overrides("adaptive", DRAFT_PATH)

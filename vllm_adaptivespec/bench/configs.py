@@ -223,17 +223,22 @@ def build(row: Row, drafter: str | None, tau: float | None = None) -> BenchConfi
 
 
 def build_with_overrides(name: str, drafter: str | None) -> BenchConfig:
-    """A row by name, its AdaptiveSpec settings overridden after ``+`` (values read as JSON, else as text):
-    ``policy-only+allow_off=false+max_depth=4``. For experiments (``benchmarks/paired.py``); raises ValueError
+    """A row by name (``<row>@<tau>`` for a swept row), its AdaptiveSpec settings overridden after ``+`` (values
+    read as JSON, else as text): ``policy-only+allow_off=false+max_depth=4``, ``adaptive@0.5+max_depth=4``. For experiments (``benchmarks/paired.py``); raises ValueError
     for an unknown row, a row without AdaptiveSpec settings, or a bad value (naming the field)."""
     from dataclasses import replace
 
     from vllm_adaptivespec.config import AdaptiveSpecConfig
 
-    row_name, *overrides = name.split("+")
+    base, *overrides = name.split("+")
+    row_name, _, tau_text = base.partition("@")
     if row_name not in ROWS:
         raise ValueError(f"unknown configuration {row_name!r}; known: {', '.join(known_names())}")
-    config = build(ROWS[row_name], drafter)
+    try:
+        tau = float(tau_text) if tau_text else None
+    except ValueError:
+        raise ValueError(f"tau {tau_text!r} in {name!r} is not a number") from None
+    config = build(ROWS[row_name], drafter, tau)
     if not overrides:
         return config
     if config.adaptivespec is None:
