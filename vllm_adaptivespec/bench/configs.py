@@ -224,8 +224,9 @@ def build(row: Row, drafter: str | None, tau: float | None = None) -> BenchConfi
 
 def build_with_overrides(name: str, drafter: str | None) -> BenchConfig:
     """A row by name (``<row>@<tau>`` for a swept row), its AdaptiveSpec settings overridden after ``+`` (values
-    read as JSON, else as text): ``policy-only+allow_off=false+max_depth=4``, ``adaptive@0.5+max_depth=4``. For experiments (``benchmarks/paired.py``); raises ValueError
-    for an unknown row, a row without AdaptiveSpec settings, or a bad value (naming the field)."""
+    read as JSON, else as text): ``policy-only+allow_off=false+max_depth=4``, ``adaptive@0.5+max_depth=4``.
+    For experiments (``benchmarks/paired.py``); raises ValueError for an unknown row, a row without AdaptiveSpec
+    settings, or a bad value (naming the field)."""
     from dataclasses import replace
 
     from vllm_adaptivespec.config import AdaptiveSpecConfig
