@@ -1,0 +1,197 @@
+"""How well does the step plan's acceptance estimate predict what the target accepts?
+
+The plan prices every drafted token at a per-position acceptance estimate (``AdaptiveState.acceptance_estimates``):
+
+    p = w * cal(c) + (1 - w) * a       c  the drafter's top-1 confidence for that token
+                                       cal(c)  what tokens of that confidence earned (``ConfidenceCalibration``)
+                                       a  the request's rolling acceptance, shrunk toward the pool
+                                       w  ``confidence_weight``
+
+This runs one AdaptiveSpec engine in-process over a workload, records for every drafted token its c, cal(c)
+and a as the plan read them and whether the target accepted it, and scores rival estimates on the tokens
+that were judged (a token after a rejected one is never judged): Brier score, log loss, and the resulting
+fit of w. A better estimate ranks the tokens worth a pass better, which is what the plan's choices rest on.
+
+    python benchmarks/estimates.py --config policy-only --workloads general,humaneval \\
+        --output benchmarks/results/estimates-qwen-coder
+
+Writes results.json (every record, reliability tables) and results.md under --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the hooks below live in this process's runner
+
+
+def install_recorder(worker, sink_name: str) -> None:
+    """Runs in the worker: wraps the runner's ``AdaptiveState`` so that every drafted token's (c, cal(c), a)
+    and its verdict land in the list ``worker.<sink_name>``."""
+    state = worker.model_runner.adaptivespec
+    records: list[dict] = []
+    setattr(worker, sink_name, records)
+    pending: dict[str, list[tuple[float, float, float]]] = {}
+    choose, cont, verifying = state.choose_shapes, state.continue_chains, state.verifying
+
+    def read(rid: str, c: float, pooled) -> tuple[float, float, float]:
+        return (float(c), float(state.calibration(float(c))), float(state._history(rid, pooled)))
+
+    def choose_shapes(confidence, node_ceiling):
+        pooled = state.pooled.rate()
+        pending.clear()
+        for rid, c in zip(state.request_ids(), confidence.tolist()):
+            pending[rid] = [read(rid, c, pooled)]
+        return choose(confidence, node_ceiling)
+
+    def continue_chains(confidence):
+        pooled = state.pooled.rate()
+        for rid, c in zip(state.request_ids(), confidence):
+            if rid in pending:
+                pending[rid].append(read(rid, c, pooled))
+        return cont(confidence)
+
+    @contextmanager
+    def verifying_(num_draft_tokens, trees=None):
+        req_ids = state.request_ids()
+        with verifying(num_draft_tokens, trees) as done:
+            yield done
+            if done.num_accepted is not None:
+                for rid, drafted, accepted in zip(req_ids, done.num_draft_tokens, done.num_accepted):
+                    tokens = pending.pop(rid, [])
+                    if not drafted or len(tokens) < drafted:  # a free draft, or a chain not from the drafter
+                        continue
+                    for k, (c, cal, hist) in enumerate(tokens[:drafted], start=1):
+                        if k > accepted + 1:
+                            break  # after a rejection: never judged
+                        records.append({"k": k, "c": c, "cal": cal, "a": hist, "accepted": k <= accepted})
+
+    state.choose_shapes, state.continue_chains, state.verifying = choose_shapes, continue_chains, verifying_
+
+
+def take_records(worker, sink_name: str) -> list[dict]:
+    records = list(getattr(worker, sink_name))
+    getattr(worker, sink_name).clear()
+    return records
+
+
+def brier(p: list[float], y: list[bool]) -> float:
+    return sum((pi - yi) ** 2 for pi, yi in zip(p, y)) / len(y)
+
+
+def log_loss(p: list[float], y: list[bool]) -> float:
+    eps = 1e-4
+    return -sum(math.log(min(1 - eps, max(eps, pi)) if yi else 1 - min(1 - eps, max(eps, pi)))
+                for pi, yi in zip(p, y)) / len(y)
+
+
+def fitted_weight(records: list[dict]) -> float:
+    """w minimising sum (y - (w cal + (1 - w) a))^2, clipped to [0, 1]."""
+    num = sum((r["accepted"] - r["a"]) * (r["cal"] - r["a"]) for r in records)
+    den = sum((r["cal"] - r["a"]) ** 2 for r in records)
+    return min(1.0, max(0.0, num / den)) if den > 0 else 0.5
+
+
+def score(records: list[dict]) -> dict:
+    y = [r["accepted"] for r in records]
+    rows = {}
+    for w in (0.0, 0.25, 0.5, 0.75, 1.0):
+        p = [w * r["cal"] + (1 - w) * r["a"] for r in records]
+        rows[f"w={w:g}"] = {"brier": brier(p, y), "log_loss": log_loss(p, y)}
+    p = [r["c"] for r in records]
+    rows["raw confidence"] = {"brier": brier(p, y), "log_loss": log_loss(p, y)}
+    base = sum(y) / len(y)
+    rows["constant (the mean)"] = {"brier": brier([base] * len(y), y), "log_loss": log_loss([base] * len(y), y)}
+    return {"tokens": len(records), "accepted": base, "fitted_w": fitted_weight(records), "estimates": rows}
+
+
+def reliability(records: list[dict], key: str, bins: int = 10) -> list[dict]:
+    out = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        sel = [r for r in records if lo <= r[key] < hi or (b == bins - 1 and r[key] == 1.0)]
+        if sel:
+            out.append({"bin": [lo, hi], "n": len(sel), "mean_estimate": sum(r[key] for r in sel) / len(sel),
+                        "accepted": sum(r["accepted"] for r in sel) / len(sel)})
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="policy-only", help="an AdaptiveSpec row of `adaptivespec bench --list`")
+    parser.add_argument("--pair-models", default="qwen-coder")
+    parser.add_argument("--workloads", default="general,humaneval")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--general-limit", type=int, default=16)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/estimates"))
+    args = parser.parse_args()
+
+    from vllm_adaptivespec.bench.configs import build_with_overrides
+    from vllm_adaptivespec.bench.environment import describe
+    from vllm_adaptivespec.bench.settings import LEAN_HUMANEVAL, LONG_CELLS
+    from vllm_adaptivespec.bench.worker import render_prompt, run_cell, sampling_params
+    from vllm_adaptivespec.bench.workloads import load
+    from vllm_adaptivespec.models import model_path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from paired import build_engine
+
+    target, drafter = str(model_path(args.pair_models, "target")), str(model_path(args.pair_models, "drafter"))
+    config = build_with_overrides(args.config, drafter)
+    llm = build_engine(config, target, {"dtype": args.dtype, "max_model_len": 2048, "enforce_eager": True,
+                                        "seed": 0, "max_num_seqs": args.batch})
+    sink = "_adaptivespec_estimates"
+    llm.collective_rpc(install_recorder, args=(sink,))
+    tokenizer = llm.get_tokenizer()
+    result = {"command": " ".join(sys.argv), "environment": describe(), "config": args.config,
+              "batch": args.batch, "workloads": {}}
+    for workload in args.workloads.split(","):
+        items = load(workload, LEAN_HUMANEVAL, args.general_limit)[: args.limit]
+        cell = {"temperature": 0.0, "max_tokens": LONG_CELLS["max_tokens"][workload]}
+        prompts = [render_prompt(tokenizer, asdict(item)) for item in items]
+        params = [sampling_params(cell, asdict(item)) for item in items]
+        run_cell(llm.llm_engine, prompts, params, args.batch, lambda: None, stall_timeout_s=300.0)
+        records = llm.collective_rpc(take_records, args=(sink,))[0]
+        first = [r for r in records if r["k"] == 1]
+        later = [r for r in records if r["k"] > 1]
+        result["workloads"][workload] = {
+            "all": score(records), "first": score(first), "later": score(later) if later else None,
+            "reliability_cal": reliability(records, "cal"), "reliability_a": reliability(records, "a"),
+            "records": records,
+        }
+        print(workload, json.dumps(result["workloads"][workload]["all"], indent=1), flush=True)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "results.json").write_text(json.dumps(result, indent=1))
+    lines = ["# Acceptance estimates against verdicts", "", f"- command: `{result['command']}`",
+             f"- config `{args.config}`, batch {args.batch}, {describe()['hardware']['cpu']}", "",
+             "Scores over judged drafted tokens (lower is better); w: weight of cal(c) against the request's "
+             "history; fitted w: least squares over the same tokens.", "",
+             "| workload | tokens | subset | accepted | fitted w | " + " | ".join(
+                 result["workloads"][next(iter(result["workloads"]))]["all"]["estimates"]) + " |",
+             "|---|---|---|---|---|" + "---|" * len(result["workloads"][next(iter(result["workloads"]))]["all"]
+                                                   ["estimates"])]
+    for workload, data in result["workloads"].items():
+        for subset in ("all", "first", "later"):
+            s = data[subset]
+            if not s:
+                continue
+            cells = " | ".join(f"{v['brier']:.4f} / {v['log_loss']:.3f}" for v in s["estimates"].values())
+            lines.append(f"| {workload} | {s['tokens']} | {subset} | {s['accepted']:.3f} | {s['fitted_w']:.2f} | "
+                         f"{cells} |")
+    lines += ["", "Cells: Brier / log loss."]
+    (args.output / "results.md").write_text("\n".join(lines) + "\n")
+    llm.llm_engine.engine_core.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
