@@ -123,6 +123,26 @@ def reliability(records: list[dict], key: str, bins: int = 10) -> list[dict]:
     return out
 
 
+def render(result: dict) -> str:
+    """results.md: one row per workload and subset, Brier / log loss of every estimate."""
+    names = list(next(iter(result["workloads"].values()))["all"]["estimates"])
+    lines = ["# Acceptance estimates against verdicts", "", f"- command: `{result['command']}`",
+             f"- config `{result['config']}`, batch {result['batch']}, {result['environment']['hardware']['cpu']}",
+             "", "Scores over judged drafted tokens (lower is better); w: weight of cal(c) against the request's "
+             "history; fitted w: least squares over the same tokens.", "",
+             "| workload | tokens | subset | accepted | fitted w | " + " | ".join(names) + " |",
+             "|---|---|---|---|---|" + "---|" * len(names)]
+    for workload, data in result["workloads"].items():
+        for subset in ("all", "first", "later"):
+            s = data[subset]
+            if not s:
+                continue
+            cells = " | ".join(f"{v['brier']:.4f} / {v['log_loss']:.3f}" for v in s["estimates"].values())
+            lines.append(f"| {workload} | {s['tokens']} | {subset} | {s['accepted']:.3f} | {s['fitted_w']:.2f} | "
+                         f"{cells} |")
+    return "\n".join(lines + ["", "Cells: Brier / log loss."]) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="policy-only", help="an AdaptiveSpec row of `adaptivespec bench --list`")
@@ -171,24 +191,7 @@ def main() -> int:
         print(workload, json.dumps(result["workloads"][workload]["all"], indent=1), flush=True)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(result, indent=1))
-    lines = ["# Acceptance estimates against verdicts", "", f"- command: `{result['command']}`",
-             f"- config `{args.config}`, batch {args.batch}, {describe()['hardware']['cpu']}", "",
-             "Scores over judged drafted tokens (lower is better); w: weight of cal(c) against the request's "
-             "history; fitted w: least squares over the same tokens.", "",
-             "| workload | tokens | subset | accepted | fitted w | " + " | ".join(
-                 result["workloads"][next(iter(result["workloads"]))]["all"]["estimates"]) + " |",
-             "|---|---|---|---|---|" + "---|" * len(result["workloads"][next(iter(result["workloads"]))]["all"]
-                                                   ["estimates"])]
-    for workload, data in result["workloads"].items():
-        for subset in ("all", "first", "later"):
-            s = data[subset]
-            if not s:
-                continue
-            cells = " | ".join(f"{v['brier']:.4f} / {v['log_loss']:.3f}" for v in s["estimates"].values())
-            lines.append(f"| {workload} | {s['tokens']} | {subset} | {s['accepted']:.3f} | {s['fitted_w']:.2f} | "
-                         f"{cells} |")
-    lines += ["", "Cells: Brier / log loss."]
-    (args.output / "results.md").write_text("\n".join(lines) + "\n")
+    (args.output / "results.md").write_text(render(result))
     llm.llm_engine.engine_core.shutdown()
     return 0
 
