@@ -15,7 +15,9 @@ fit of w. A better estimate ranks the tokens worth a pass better, which is what 
     python benchmarks/estimates.py --config policy-only --workloads general,humaneval \\
         --output benchmarks/results/estimates-qwen-coder
 
-Writes results.json (every record, reliability tables) and results.md under --output.
+Writes results.json (every record, reliability tables), results.md and reliability.png (per workload: accepted
+fraction against the estimate, binned, for cal(c) and for a; Brier score against w) under --output; ``--replot``
+writes the last two again from a saved results.json.
 """
 
 from __future__ import annotations
@@ -143,6 +145,43 @@ def render(result: dict) -> str:
     return "\n".join(lines + ["", "Cells: Brier / log loss."]) + "\n"
 
 
+def plot(result: dict, output: Path) -> None:
+    """reliability.png: per workload, the accepted fraction of each estimate's bins (point size ~ tokens), and
+    the Brier score of p = w cal(c) + (1 - w) a over w."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = result["workloads"]
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4.5 * len(workloads), 8), squeeze=False)
+    for col, (workload, data) in enumerate(workloads.items()):
+        ax = axes[0][col]
+        ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
+        for key, label, color in (("reliability_cal", "cal(c)", "tab:blue"), ("reliability_a", "history a", "tab:orange")):
+            bins = data[key]
+            ax.plot([b["mean_estimate"] for b in bins], [b["accepted"] for b in bins], "-o", color=color, label=label,
+                    lw=1, markersize=0)
+            ax.scatter([b["mean_estimate"] for b in bins], [b["accepted"] for b in bins], color=color,
+                       s=[8 + 200 * b["n"] / data["all"]["tokens"] for b in bins])
+        ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="estimate (bin mean)", ylabel="accepted fraction",
+               title=f"{workload}: {data['all']['tokens']} judged tokens")
+        ax.legend(loc="upper left", fontsize=8)
+        ax = axes[1][col]
+        for subset, style in (("all", "-o"), ("first", "--s"), ("later", ":^")):
+            s = data[subset]
+            if s:
+                ws = [k for k in s["estimates"] if k.startswith("w=")]
+                ax.plot([float(k[2:]) for k in ws], [s["estimates"][k]["brier"] for k in ws], style,
+                        label=f"{subset} ({s['tokens']}; fitted w {s['fitted_w']:.2f})")
+        ax.set(xlabel="w (weight of cal(c))", ylabel="Brier score (lower is better)")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['config']}, batch {result['batch']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(output / "reliability.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="policy-only", help="an AdaptiveSpec row of `adaptivespec bench --list`")
@@ -153,7 +192,14 @@ def main() -> int:
     parser.add_argument("--general-limit", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/estimates"))
+    parser.add_argument("--replot", action="store_true", help="write results.md and reliability.png from --output's "
+                                                              "results.json, run nothing")
     args = parser.parse_args()
+    if args.replot:
+        result = json.loads((args.output / "results.json").read_text())
+        (args.output / "results.md").write_text(render(result))
+        plot(result, args.output)
+        return 0
 
     from vllm_adaptivespec.bench.configs import build_with_overrides
     from vllm_adaptivespec.bench.environment import describe
@@ -192,6 +238,7 @@ def main() -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(result, indent=1))
     (args.output / "results.md").write_text(render(result))
+    plot(result, args.output)
     llm.llm_engine.engine_core.shutdown()
     return 0
 

@@ -117,7 +117,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -303,6 +303,16 @@ class StepPlan:
         return max((d for d, f in zip(self.depths, free) if not f), default=0)
 
 
+class _Candidate(NamedTuple):
+    """One search of ``plan_depths``: a source per request and its gains, best first."""
+
+    use_free: np.ndarray  # [B] bool: source_i = free
+    order: np.ndarray  # [sum(cap)] indices into the [B, width] gains, largest first
+    width: int  # longest chain of the search
+    total: np.ndarray  # [sum(cap)] E for N = 1..sum(cap)
+    passes: int  # D: drafter passes the search's plans run (0: free drafts only)
+
+
 def plan_depths(
     acceptance: Sequence[float],
     costs: StepCosts,
@@ -326,15 +336,15 @@ def plan_depths(
         q = np.clip(np.asarray([a for _, a in free], dtype=np.float64), 0.0, 1.0)  # [B]
     has_free = free_len > 0
     free_yield = _chain_yield(q, free_len)  # [B] q_i + ... + q_i^L_i
+    drafter_yields = np.cumsum(p[:, None] ** np.arange(1, max_depth + 1)[None, :], axis=1)  # [B, max_depth]
     fixed = costs.fixed or 0.0
     plain_rate = batch / (fixed + costs.target.seconds(batch))
-    best_depths, best_rate = np.zeros(batch, dtype=np.int64), plain_rate
-    best_free = np.zeros(batch, dtype=bool)
     searches = [(depth, True) for depth in range(0 if has_free.any() else 1, max_depth + 1)]
     if has_free.any():  # the same depths with every request on the drafter
         searches += [(depth, False) for depth in range(1, max_depth + 1)]
+    candidates: list[_Candidate] = []
     for depth, rule in searches:
-        drafter_yield = _chain_yield(p, np.full(batch, depth))
+        drafter_yield = drafter_yields[:, depth - 1] if depth > 0 else 0.0
         use_free = has_free & rule & ((depth == 0) | (free_yield >= drafter_yield))  # [B] source_i = free
         cap = np.where(use_free, free_len, depth)  # [B] longest chain of the request's source
         width = int(cap.max(initial=0))
@@ -345,16 +355,25 @@ def plan_depths(
         gains = np.where(k <= cap[:, None], gains, -1.0).reshape(-1)  # beyond a chain: never taken
         order = np.argsort(-gains, kind="stable")[: int(cap.sum())]
         total = batch + np.cumsum(gains[order])  # E for N = 1..sum(cap)
-        n = np.arange(1, order.shape[0] + 1)
         passes = depth if (~use_free & (cap > 0)).any() else 0  # D: free chains need no pass
-        drafter = _drafter_seconds(costs, batch, total, passes, catch_up)
-        rates = total / (fixed + costs.target.seconds(batch + n) + drafter)
+        candidates.append(_Candidate(use_free, order, width, total, passes))
+    # t(d) of every candidate at once: one lookup per fitted curve, not three per search (the plan runs every step).
+    totals = np.concatenate([np.zeros(0)] + [c.total for c in candidates])  # E
+    sizes = np.concatenate([np.zeros(0)] + [batch + np.arange(1, c.total.shape[0] + 1) for c in candidates])  # B + N
+    passes = np.concatenate([np.zeros(0)] + [np.full(c.total.shape[0], c.passes) for c in candidates])  # D
+    all_rates = totals / (fixed + costs.target.seconds(sizes) + _drafter_seconds(costs, batch, totals, passes, catch_up))
+    best_depths, best_rate = np.zeros(batch, dtype=np.int64), plain_rate
+    best_free = np.zeros(batch, dtype=bool)
+    start = 0
+    for c in candidates:
+        rates = all_rates[start : start + c.total.shape[0]]  # this search's E / t for N = 1..sum(cap)
+        start += c.total.shape[0]
         pick = int(np.argmax(rates))
         speculating = bool(best_depths.any())
         if rates[pick] > best_rate * (1.0 + (MIN_GAIN if speculating else MIN_GAIN_OVER_PLAIN)):
             best_rate = float(rates[pick])
-            best_depths = np.bincount(order[: pick + 1] // width, minlength=batch)
-            best_free = use_free & (best_depths > 0)
+            best_depths = np.bincount(c.order[: pick + 1] // c.width, minlength=batch)
+            best_free = c.use_free & (best_depths > 0)
     depths = best_depths
     if not allow_off:
         depths = np.where(best_free, depths, np.maximum(depths, min_depth))
