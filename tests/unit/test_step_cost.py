@@ -28,15 +28,21 @@ from vllm_adaptivespec.step_cost import (
 FAST = settings(max_examples=300, deadline=None, derandomize=True)
 
 
-def _costs(per_token: float, base: float, draft: float, fixed: float, draft_per_row: float = 0.0) -> StepCosts:
+def _costs(
+    per_token: float, base: float, draft: float, fixed: float, draft_per_row: float = 0.0, verify: float = 0.0
+) -> StepCosts:
     """Target forward base + per_token * q, measured at q = 1, 2, 4, ..., 64; drafter pass
-    draft + draft_per_row * (r - 1), measured at r = 1 and (with ``draft_per_row``) 2, 4, ..., 64."""
+    draft + draft_per_row * (r - 1), measured at r = 1 and (with ``draft_per_row``) 2, 4, ..., 64; a step's
+    rest ``fixed`` without drafts, ``fixed + verify`` with."""
     costs = StepCosts(window=1)
     for q in (1, 2, 4, 8, 16, 32, 64):
         costs.target.observe(q, base + per_token * q)
         if q == 1 or draft_per_row:
             costs.draft_pass.observe(q, draft + draft_per_row * (q - 1))
     costs.fixed = fixed
+    if verify:
+        costs.observe_step(1.0 + fixed + verify, 1.0, 0.0, verified=True)
+    assert costs.verify == pytest.approx(verify)
     return costs
 
 
@@ -53,7 +59,8 @@ def _rate(depths, p, costs, catch_up=0.0):
     batch = len(p)
     emitted = batch + sum(sum(pi**k for k in range(1, d + 1)) for pi, d in zip(p, depths))
     drafter = _drafter(costs, batch, emitted, max(depths), catch_up)
-    return emitted / (costs.fixed + costs.target.seconds(batch + sum(depths)) + drafter)
+    verify = costs.verify if sum(depths) else 0.0
+    return emitted / (costs.fixed + verify + costs.target.seconds(batch + sum(depths)) + drafter)
 
 
 @FAST
@@ -66,11 +73,12 @@ def _rate(depths, p, costs, catch_up=0.0):
     st.floats(0.0, 0.5),
     st.floats(0.0, 0.02),
     st.sampled_from([0.0, 0.001, 0.01, 0.1]),
+    st.sampled_from([0.0, 0.02, 0.2]),
 )
 def test_plan_is_within_min_gain_of_the_brute_force_optimum(
-    p, max_depth, per_token, base, draft, fixed, per_row, catch_up
+    p, max_depth, per_token, base, draft, fixed, per_row, catch_up, verify
 ):
-    costs = _costs(per_token, base, draft, fixed, per_row)
+    costs = _costs(per_token, base, draft, fixed, per_row, verify)
     plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, catch_up=catch_up)
     best = max(_rate(list(d), p, costs, catch_up) for d in itertools.product(range(max_depth + 1), repeat=len(p)))
     assert plan.rate == pytest.approx(_rate(plan.depths, p, costs, catch_up), rel=1e-9)
@@ -91,7 +99,8 @@ def _continued_rate(lengths, drafted, passes_run, costs, copies=(0.0, 0)):
             emitted += gain
     passes = max(max(lengths), j)
     drafter = costs.draft_pass.seconds(emitted, 1) + (passes - 1) * costs.draft_pass.seconds(batch, 1)
-    return emitted / (costs.fixed + costs.target.seconds(batch + copies[1] + sum(lengths)) + drafter)
+    seconds = costs.fixed + costs.verify + costs.target.seconds(batch + copies[1] + sum(lengths)) + drafter
+    return emitted / seconds
 
 
 @FAST
@@ -104,11 +113,12 @@ def _continued_rate(lengths, drafted, passes_run, costs, copies=(0.0, 0)):
     st.floats(0.001, 1.0),
     st.floats(0.0, 0.5),
     st.sampled_from([(0.0, 0), (1.5, 2)]),
+    st.sampled_from([0.0, 0.05]),
 )
 def test_continued_chains_are_within_min_gain_of_the_brute_force_optimum(
-    estimates, passes_run, max_depth, per_token, base, draft, fixed, copies
+    estimates, passes_run, max_depth, per_token, base, draft, fixed, copies, verify
 ):
-    costs = _costs(per_token, base, draft, fixed)
+    costs = _costs(per_token, base, draft, fixed, verify=verify)
     drafted = [e[:passes_run] for e in estimates]
     plan = continue_chains(drafted, passes_run, costs, max_depth, copies)
     top = max(passes_run, max_depth)
@@ -198,7 +208,8 @@ def _free_rate(choice, p, free, costs):
     )
     deepest = max((d for source, d in choice if source == "drafter"), default=0)
     verified = sum(d for _, d in choice)
-    seconds = costs.fixed + costs.target.seconds(batch + verified) + _drafter(costs, batch, emitted, deepest)
+    verify = costs.verify if verified else 0.0
+    seconds = costs.fixed + verify + costs.target.seconds(batch + verified) + _drafter(costs, batch, emitted, deepest)
     return emitted / seconds
 
 
@@ -234,13 +245,14 @@ def _free_choices(p, free, max_depth, follow_rule):
     st.floats(0.001, 1.0),
     st.floats(0.0, 0.5),
     st.floats(0.0, 0.02),
+    st.sampled_from([0.0, 0.05]),
 )
 def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
-    requests, max_depth, per_token, base, draft, fixed, per_row
+    requests, max_depth, per_token, base, draft, fixed, per_row, verify
 ):
     p = [pi for pi, _, _ in requests]
     free = [(min(n, max_depth), q) for _, n, q in requests]
-    costs = _costs(per_token, base, draft, fixed, per_row)
+    costs = _costs(per_token, base, draft, fixed, per_row, verify)
     plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, free=free)
     choice = [("free" if f else "drafter", d) for f, d in zip(plan.free, plan.depths)]
     assert plan.rate == pytest.approx(_free_rate(choice, p, free, costs), rel=1e-9)
@@ -260,6 +272,30 @@ def test_a_step_of_free_drafts_only_runs_no_drafter_pass():
     mixed = plan_depths([0.5, 0.95], _costs(0.0, 1.0, 0.05, 0.05), 1, 4, free=[(4, 0.9), (0, 0.0)])
     assert mixed.free == [True, False] and mixed.passes == mixed.depths[1] > 0
     assert plan_depths([0.5], costs, 1, 4, free=[(0, 0.0)]).free == [False]
+
+
+def test_verify_is_what_a_verifying_step_costs_beyond_a_plain_one():
+    costs = StepCosts(window=4)
+    assert costs.fixed is None and costs.verify == 0.0
+    for rest in (0.011, 0.013, 0.012):  # steps that verified drafts (of 0.1 s forwards)
+        costs.observe_step(0.1 + rest, 0.1, 0.0, verified=True)
+    assert costs.fixed == pytest.approx(0.012) and costs.verify == 0.0  # no plain step yet: their rest is t_fixed
+    for rest in (0.002, 0.004, 0.003):
+        costs.observe_step(0.1 + rest, 0.1, 0.0, verified=False)
+    assert costs.fixed == pytest.approx(0.003) and costs.verify == pytest.approx(0.009)
+    again = StepCosts.from_snapshot(costs.snapshot())
+    assert again.fixed == pytest.approx(0.003) and again.verify == pytest.approx(0.009)
+
+
+def test_copies_that_do_not_pay_for_the_verifying_step_are_not_verified():
+    # Batch 8 at 2 CPU cores: a plain step 160 ms (8 tokens), each verified query token ~1 ms more. Two copies
+    # at q = 0.3 each emit 0.3 + 0.09 expected tokens: with verification free they pay, but not when a verifying
+    # step costs 10 ms more than a plain one.
+    free = [(2, 0.3)] * 2 + [(0, 0.0)] * 6
+    cheap = _costs(per_token=0.001, base=0.15, draft=0.05, fixed=0.002)
+    assert plan_depths([0.1] * 8, cheap, 1, 4, free=free).free[:2] == [True, True]
+    dear = _costs(per_token=0.001, base=0.15, draft=0.05, fixed=0.002, verify=0.01)
+    assert plan_depths([0.1] * 8, dear, 1, 4, free=free).depths == [0] * 8
 
 
 @given(
@@ -440,9 +476,9 @@ def test_a_drafter_timed_only_over_prompts_is_not_read_as_that_dear_for_a_decode
 
 def test_fixed_cost_ignores_idle_gaps():
     costs = StepCosts(window=1)
-    costs.observe_step(1.2, 0.9, 0.2)
+    costs.observe_step(1.2, 0.9, 0.2, verified=False)
     assert costs.fixed == pytest.approx(0.1)
-    costs.observe_step(30.0, 0.9, 0.2)  # the engine waited for requests
+    costs.observe_step(30.0, 0.9, 0.2, verified=False)  # the engine waited for requests
     assert costs.fixed == pytest.approx(0.1)
 
 

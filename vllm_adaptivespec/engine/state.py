@@ -171,6 +171,7 @@ class AdaptiveState:
         self.forward_started: float | None = None
         self._step_started: float | None = None
         self._step_target_seconds = self._step_draft_seconds = 0.0
+        self._step_verified = False  # the step in flight verified drafts (its rest is ``StepCosts``' verifying kind)
         self.step_outputs = None  # the target forward's hidden states and slot mappings of that step
         # Debug knobs: shapes drawn at random every step (exercises every tree layout and KV move);
         # speculation off for a whole step at random, or one request's backlog caught up (exercises the
@@ -534,11 +535,14 @@ class AdaptiveState:
 
     def begin_step(self) -> None:
         """A new engine step starts: the last one's wall-clock, minus its target forward and drafter
-        passes, is the step's fixed cost."""
+        passes, is the step's fixed cost, of a step that verified drafts or of one that did not."""
         now = time.perf_counter()
         if self._step_started is not None:
-            self.step_costs.observe_step(now - self._step_started, self._step_target_seconds, self._step_draft_seconds)
+            self.step_costs.observe_step(
+                now - self._step_started, self._step_target_seconds, self._step_draft_seconds, self._step_verified
+            )
         self._step_started, self._step_target_seconds, self._step_draft_seconds = now, 0.0, 0.0
+        self._step_verified = False
 
     def observe_target(self, num_tokens: int, seconds: float) -> None:
         """The step's target forward over ``num_tokens`` query tokens took ``seconds``."""
@@ -594,6 +598,7 @@ class AdaptiveState:
     def verifying(self, num_draft_tokens: list[int], trees: DraftTrees | None = None) -> Iterator[Verification]:
         """Expose the batch's verification inputs to the sampler, then feed back the outcome."""
         started = time.perf_counter()
+        self._step_verified = True
         req_ids = self.request_ids()
         taus, allowances = [], []
         for rid in req_ids:
