@@ -1,7 +1,7 @@
 """Batch-level step plan: how many drafter passes a step runs and how many draft tokens each request
 verifies, priced by a step-cost model fitted online on the hardware at hand.
 
-Cost model (``StepCosts``), all three terms measured by the engine every step:
+Cost model (``StepCosts``), every term measured by the engine every step:
 
     t_target(q)  target forward over q query tokens: per power-of-two bucket of q the median of its
                  recent times, at the median size they were read at, fitted non-decreasing across
