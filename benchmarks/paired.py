@@ -6,7 +6,8 @@ drift. Here both engines are built once and kept alive (vLLM's default: each eng
 process, as `vllm serve` runs it), and the work is cut into small units run A B, then B A (ABBA), so
 drift cancels within a pair of units and every unit gives its own ratio:
 - batch 1: a unit is one prompt (~100-160 output tokens, a few seconds);
-- batch N: a unit is N prompts in flight together (closed loop);
+- batch N: a unit is N prompts in flight together (closed loop), or with ``--unit-prompts M`` (M > N) M prompts
+  with N in flight, each finished request replaced at once from the rest;
 - before a cell's units, its first unit runs once on each engine unmeasured (warm-up at the cell's shapes).
 An idle engine's core process blocks on its input queue and costs nothing; a short pause between units
 lets the other's OpenMP threads stop spinning.
@@ -14,6 +15,9 @@ lets the other's OpenMP threads stop spinning.
 Per unit and engine: output tokens, wall-clock (prefill included), decode steps and their mean wall-clock
 (driver-side `LLMEngine.step()` calls that returned tokens and prefilled nothing). Per cell, for A / B:
 - tok/s ratio and decode-step ratio, the geometric mean over units with a bootstrap 95% interval;
+- with ``--unit-prompts`` above the batch, the sustained tok/s ratio as well: tokens over wall-clock of the steps
+  taken while prompts were still waiting (N in flight throughout: a server under continuous load), which leaves
+  out the drain at a unit's end, where a closed batch shrinks to its slowest requests;
 - identical: units whose outputs were token-identical (same drafts and verification imply the same steps).
 
     python benchmarks/paired.py --pairs pinned-k2:static-k2,pinned-k4:static-k4 \\
@@ -62,6 +66,7 @@ def run_unit(llm, prompts: list[dict], params: list, batch: int) -> dict:
         "wall_s": result["wall_s"],
         "decode_steps": steps["decode_steps"],
         "decode_step_ms": steps["mean"],
+        "sustained": result["sustained"],
         "token_ids": [o["token_ids"] for o in result["outputs"]],
     }
 
@@ -75,14 +80,22 @@ def geomean_ci(ratios: list[float], rounds: int = 2000, seed: int = 0) -> tuple[
     return math.exp(mean), math.exp(boot[int(0.025 * rounds)]), math.exp(boot[int(0.975 * rounds) - 1])
 
 
+def _rate(side: dict) -> float | None:
+    """Sustained tok/s of one engine's unit (None without steps at full concurrency)."""
+    sustained = side.get("sustained") or {}
+    return sustained["tokens"] / sustained["seconds"] if sustained.get("seconds") else None
+
+
 def summarize(units: list[dict]) -> dict:
     tok = [u["a"]["tokens"] / u["a"]["wall_s"] / (u["b"]["tokens"] / u["b"]["wall_s"]) for u in units]
     step = [u["a"]["decode_step_ms"] / u["b"]["decode_step_ms"] for u in units
             if u["a"]["decode_step_ms"] and u["b"]["decode_step_ms"]]
+    sustained = [_rate(u["a"]) / _rate(u["b"]) for u in units if _rate(u["a"]) and _rate(u["b"])]
     out = {"units": len(units), "identical": sum(u["identical"] for u in units)}
-    for name, ratios in (("tokens_per_s_ratio", tok), ("decode_step_ratio", step)):
-        g, lo, hi = geomean_ci(ratios)
-        out[name] = {"geomean": g, "ci95": [lo, hi], "min": min(ratios), "max": max(ratios)}
+    for name, ratios in (("tokens_per_s_ratio", tok), ("decode_step_ratio", step), ("sustained_ratio", sustained)):
+        if ratios:
+            g, lo, hi = geomean_ci(ratios)
+            out[name] = {"geomean": g, "ci95": [lo, hi], "min": min(ratios), "max": max(ratios), "units": len(ratios)}
     for side in ("a", "b"):
         tokens = sum(u[side]["tokens"] for u in units)
         out[side] = {
@@ -113,7 +126,8 @@ def run_pair(pair: tuple[str, str], args, items: dict, target: str, drafter: str
             prompts = [render_prompt(tokenizer, asdict(item)) for item in items[workload]]
             params = [sampling_params(cell, asdict(item)) for item in items[workload]]
             for batch in args.batches:
-                chunks = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
+                size = max(batch, args.unit_prompts or batch)
+                chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
                 chunks = chunks * args.passes
                 # One unit on each engine first, not measured: the cell's shapes (a batch of B at depth k) are
                 # new to both, and in one process the engines share glibc's heap, so the engine that met them
@@ -160,8 +174,8 @@ def render(record: dict, output: Path) -> None:
         " and prefilled nothing.",
         "",
         "| A / B | workload | batch | units | identical | tok/s A | tok/s B | tok/s ratio (95% CI) | decode step ratio "
-        "(95% CI) | unit ratios (tok/s) | decode steps A / B |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "(95% CI) | unit ratios (tok/s) | decode steps A / B | sustained tok/s ratio (95% CI, units) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in record["cells"]:
         s = cell["summary"]
@@ -171,8 +185,14 @@ def render(record: dict, output: Path) -> None:
             f"{s['identical']}/{s['units']} | {s['a']['tokens_per_s']:.2f} | {s['b']['tokens_per_s']:.2f} | "
             f"{t['geomean']:.3f} ({t['ci95'][0]:.3f}-{t['ci95'][1]:.3f}) | "
             f"{d['geomean']:.3f} ({d['ci95'][0]:.3f}-{d['ci95'][1]:.3f}) | {t['min']:.2f}-{t['max']:.2f} | "
-            f"{s['a']['decode_steps']} / {s['b']['decode_steps']} |")
+            f"{s['a']['decode_steps']} / {s['b']['decode_steps']} | {_ratio_text(s.get('sustained_ratio'))} |")
     (output / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _ratio_text(ratio: dict | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio['geomean']:.3f} ({ratio['ci95'][0]:.3f}-{ratio['ci95'][1]:.3f}, {ratio['units']})"
 
 
 def plot(record: dict, output: Path) -> None:
@@ -212,6 +232,9 @@ def main() -> int:
     parser.add_argument("--workloads", default="general,humaneval")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--passes", type=int, default=1, help="times the prompt list is gone through per cell")
+    parser.add_argument("--unit-prompts", type=int, default=None,
+                        help="prompts per unit at batch N > 1 (default N: one closed batch); more than N measures "
+                             "sustained throughput as well")
     parser.add_argument("--general-limit", type=int, default=16)
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per workload (smoke runs)")
     parser.add_argument("--dtype", default="bfloat16")

@@ -62,6 +62,20 @@ def test_keeps_batch_requests_in_flight_and_collects_deltas():
     assert result["step_seconds_total"] >= latency["mean"] * latency["decode_steps"] / 1000 > 0
 
 
+def test_sustained_counts_only_the_steps_taken_while_prompts_waited():
+    # 5 prompts of 3 tokens, 2 in flight: r0 r1 (steps 1-3), r2 r3 (4-6) while r4 waits, then r4 alone (7-9).
+    # The window ends with step 7, which prefills r4 (the last prompt) and gives its first token.
+    engine = ScriptedEngine(tokens_per_request=3)
+    result = run_cell(engine, [{}] * 5, [None] * 5, batch=2, on_done=lambda: None, stall_timeout_s=5)
+    assert engine.steps == 9
+    sustained = result["sustained"]
+    assert sustained["steps"] == 7 and sustained["tokens"] == 13
+    assert 0 < sustained["seconds"] <= result["step_seconds_total"]
+    # No more prompts than the batch: nothing runs at steady concurrency.
+    alone = run_cell(ScriptedEngine(3), [{}] * 2, [None] * 2, batch=2, on_done=lambda: None, stall_timeout_s=5)
+    assert alone["sustained"] == {"steps": 0, "tokens": 0, "seconds": 0.0}
+
+
 def test_a_stuck_engine_fails_the_cell_and_aborts_its_requests():
     engine = ScriptedEngine(tokens_per_request=50, stall_after=4)
     with pytest.raises(EngineStalled, match="no token for 0.2 s with 2 request"):

@@ -77,6 +77,14 @@ class EngineStalled(RuntimeError):
 def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, stall_timeout_s: float) -> dict:
     """Closed-loop run of all prompts with ``batch`` in flight; outputs, timing, step latencies.
 
+    ``sustained``: the steps taken while more prompts were waiting (so ``batch`` requests were in flight,
+    each finished one replaced at once), up to the step that prefills the last prompt, their tokens and
+    wall-clock: throughput at a steady concurrency of ``batch``, as a server under continuous load sees it,
+    without the drain at the end, where the batch shrinks to its slowest requests. Every prompt is prefilled
+    inside that window whatever the configuration's speed (a window that stopped at the last admission would
+    hold fewer prefills for a configuration whose requests finish together, as plain decoding's do). Zero
+    steps when there are no more prompts than ``batch``.
+
     Raises `EngineStalled` (after aborting what is in flight) when no request receives a token for
     ``stall_timeout_s`` seconds.
     """
@@ -89,6 +97,10 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
     step_seconds: list[float] = []  # decode steps only
     all_step_seconds = 0.0  # every step, prefill steps and steps that returned nothing included
     prefill_steps = 0
+    sustained = {"steps": 0, "tokens": 0, "seconds": 0.0}
+    window_end = len(prompts) - batch  # finished requests after which no prompt waits
+    finished = 0
+    last_admission_step = False  # the next step prefills the last prompts admitted
     begin = last_progress = time.perf_counter()
     while pending or in_flight:
         while pending and len(in_flight) < batch:
@@ -96,10 +108,16 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
             request_id = f"r{index}"
             engine.add_request(request_id, prompts[index], params[index])
             in_flight[request_id] = index
+        in_window = finished < window_end or last_admission_step
+        finished_before = finished
         tick = time.perf_counter()
         outputs = engine.step()
         seconds = time.perf_counter() - tick
         all_step_seconds += seconds
+        if in_window:
+            sustained["steps"] += 1
+            sustained["seconds"] += seconds
+            sustained["tokens"] += sum(len(out.outputs[0].token_ids) for out in outputs)
         if outputs:
             last_progress = tick + seconds
         elif tick + seconds - last_progress > stall_timeout_s:
@@ -117,8 +135,10 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
             texts[index].append(completion.text)
             if out.finished:
                 finish[index] = completion.finish_reason
+                finished += 1
                 del in_flight[out.request_id]
                 on_done()
+        last_admission_step = finished_before < window_end <= finished
         if prefilled:
             prefill_steps += 1
         elif outputs:
@@ -137,6 +157,7 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
             "prefill_steps": prefill_steps,
         },
         "step_seconds_total": all_step_seconds,
+        "sustained": sustained,
         "outputs": [
             {"text": "".join(t), "token_ids": ids, "finish_reason": f}
             for t, ids, f in zip(texts, token_ids, finish, strict=True)
