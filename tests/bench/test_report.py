@@ -230,6 +230,21 @@ def test_a_round_that_failed_leaves_the_others_and_is_listed(rounds, tmp_path):
     assert "round 2: failed: worker exited with status 3" in markdown(rounds)
 
 
+def test_sustained_throughput_is_shown_where_a_cell_had_a_steady_stretch(data):
+    derive(data)
+    assert "| sustained tok/s |" not in markdown(data)  # no column: no cell had more prompts than its batch
+    for cell in data["cells"]:
+        if cell.get("status") == "ok" and cell["batch"] == 8:
+            cell["sustained"] = {"steps": 10, "tokens": 80, "seconds": 2.0, "tokens_per_s": 40.0 if cell["config"] == "ar" else 44.0}
+    derive(data)
+    policy = next(c for c in data["cells"] if c["config"] == "policy-only" and c["batch"] == 8)
+    assert policy["derived"]["sustained_vs_ar"] == pytest.approx(1.1)
+    batch1 = next(c for c in data["cells"] if c["config"] == "policy-only" and c["batch"] == 1)
+    assert batch1["derived"]["sustained_vs_ar"] is None
+    text = markdown(data)
+    assert "| sustained tok/s | sustained x AR |" in text and "| 44.0 | 1.10x |" in text
+
+
 def test_overhead_share_is_shown_for_plugin_rows(data):
     for cell in data["cells"]:
         if cell.get("kind") == "adaptivespec":

@@ -71,9 +71,10 @@ def test_sustained_counts_only_the_steps_taken_while_prompts_waited():
     sustained = result["sustained"]
     assert sustained["steps"] == 7 and sustained["tokens"] == 13
     assert 0 < sustained["seconds"] <= result["step_seconds_total"]
+    assert sustained["tokens_per_s"] == pytest.approx(13 / sustained["seconds"])
     # No more prompts than the batch: nothing runs at steady concurrency.
     alone = run_cell(ScriptedEngine(3), [{}] * 2, [None] * 2, batch=2, on_done=lambda: None, stall_timeout_s=5)
-    assert alone["sustained"] == {"steps": 0, "tokens": 0, "seconds": 0.0}
+    assert alone["sustained"] == {"steps": 0, "tokens": 0, "seconds": 0.0, "tokens_per_s": None}
 
 
 def test_a_stuck_engine_fails_the_cell_and_aborts_its_requests():

@@ -25,6 +25,11 @@ DEFINITIONS = """\
   workload, batch and temperature; "best stock" is shown only when the run holds every stock
   configuration (static k = 1..4, n-gram, dynamic, and suffix decoding in a run that selected it: where Arctic
   Inference is not installed it is rejected and listed under "Configurations not run"), never for a subset.
+- **sustained tok/s**, **sustained x AR**: where a cell has more prompts than its batch, tokens / wall-clock of
+  the steps taken while prompts were still waiting (the batch full, each finished request replaced at once), up
+  to the step that prefills the last prompt: throughput at a steady load, as a server sees it, without the
+  drain at the cell's end, where the batch shrinks to its slowest requests; and that over the autoregressive
+  target's.
 - **accept len**: mean tokens emitted per verification step (accepted draft tokens + 1), from vLLM's spec-decode counters.
 - **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
@@ -109,6 +114,7 @@ def derive(data: dict) -> None:
             twin = by_config.get(LOSSLESS_TWINS.get(cell.get("row")) or "")
             cell["derived"] = {
                 "speedup_vs_ar": _ratio(cell["tokens_per_s"], ar and ar["tokens_per_s"]),
+                "sustained_vs_ar": _ratio(_sustained(cell), ar and _sustained(ar)),
                 "speedup_vs_best_static": _ratio(cell["tokens_per_s"], best and best["tokens_per_s"]),
                 "best_static": best["config"] if best else None,
                 "speedup_vs_best_stock": _ratio(cell["tokens_per_s"], best_stock and best_stock["tokens_per_s"]),
@@ -118,6 +124,11 @@ def derive(data: dict) -> None:
                 "accuracy_vs_lossless": _ratio(accuracy, accuracy_of(twin).get("value")) if twin else None,
             }
     data["paired"] = paired(data)
+
+
+def _sustained(cell: dict) -> float | None:
+    """The cell's sustained tok/s (the median over its repeats), None where it had no steady stretch."""
+    return (cell.get("sustained") or {}).get("tokens_per_s")
 
 
 def _step_p50(figures: dict):
@@ -184,6 +195,8 @@ def _row(cell: dict) -> dict[str, str]:
         "x AR": _fmt(derived.get("speedup_vs_ar"), 2, "x"),
         "x best static": _fmt(derived.get("speedup_vs_best_static"), 2, "x"),
         "x best stock": _fmt(derived.get("speedup_vs_best_stock"), 2, "x"),
+        "sustained tok/s": _fmt(_sustained(cell), 1),
+        "sustained x AR": _fmt(derived.get("sustained_vs_ar"), 2, "x"),
         "accept len": _fmt(spec.get("mean_acceptance_length"), 2),
         "draft/step": _fmt(spec.get("draft_tokens_per_step"), 2),
         "step p50 ms": _fmt(latency.get("p50"), 1),
@@ -230,20 +243,24 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "accept len", "draft/step", "step p50 ms",
-          "step p99 ms", "accuracy", "recovery", "vs lossless", "same as AR", "promoted", "free", "passes/token"]
+HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "sustained tok/s", "sustained x AR", "accept len",
+          "draft/step", "step p50 ms", "step p99 ms", "accuracy", "recovery", "vs lossless", "same as AR", "promoted", "free", "passes/token"]
 
 
 def columns(data: dict) -> list[str]:
     """`HEADER`, plus the spreads when some cell has several measured repeats and the overhead share when
     some cell recorded one (None included: the plugin ran but exported no overhead counter); the free share
-    only when some cell's plugin counted free draft tokens, passes per token when it counted drafter passes."""
+    only when some cell's plugin counted free draft tokens, passes per token when it counted drafter passes, the
+    sustained figures when some cell had more prompts than its batch."""
     header = list(HEADER)
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
     if not any((c.get("derived") or {}).get("best_stock") for c in cells):
         header.remove("x best stock")  # the run lacks part of the stock set: no "best stock" to speak of
     if not any((c.get("derived") or {}).get("accuracy_vs_lossless") is not None for c in cells):
         header.remove("vs lossless")  # no swept row ran beside its lossless twin
+    if not any(_sustained(c) for c in cells):
+        header.remove("sustained tok/s")  # no cell had more prompts than its batch
+        header.remove("sustained x AR")
     if not any("free_draft_tokens" in (c.get("adaptivespec") or {}) for c in cells):
         header.remove("free")
     if not any("drafter_passes" in (c.get("adaptivespec") or {}) for c in cells):

@@ -157,7 +157,8 @@ def run_cell(engine, prompts: list[dict], params: list, batch: int, on_done, sta
             "prefill_steps": prefill_steps,
         },
         "step_seconds_total": all_step_seconds,
-        "sustained": sustained,
+        "sustained": {**sustained, "tokens_per_s": sustained["tokens"] / sustained["seconds"]
+                      if sustained["seconds"] > 0 else None},
         "outputs": [
             {"text": "".join(t), "token_ids": ids, "finish_reason": f}
             for t, ids, f in zip(texts, token_ids, finish, strict=True)
