@@ -277,8 +277,20 @@ def main() -> int:
         render(record, args.output)
         plot(record, args.output)
 
-    for text in args.pairs.split(","):
-        a, b = text.split(":")
+    pairs = [tuple(text.split(":")) for text in args.pairs.split(",")]
+    for n, (a, b) in enumerate(pairs):
+        if n and "llvmlite.binding" in sys.modules:
+            # vLLM 0.32's CPU worker, at start-up, scans every loaded module for Triton kernels to override and
+            # reads vars() of each attribute; llvmlite's `ffi.lib` (loaded with numba by stock `ngram`) answers
+            # any attribute, `__dict__` included, with a function wrapper, and the scan fails with
+            # "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'". One engine per process (as
+            # `vllm serve` runs) is not affected.
+            rest = ",".join(f"{x}:{y}" for x, y in pairs[n:])
+            print(f"paired.py: stopping before {a}:{b}: an earlier pair loaded llvmlite (stock ngram), and vLLM 0.32 "
+                  f"cannot build another CPU engine in this process; run --pairs {rest} in a new invocation",
+                  file=sys.stderr)
+            save()
+            return 1
         run_pair((a, b), args, items, target, drafter, record, save)
     save()
     return 0
