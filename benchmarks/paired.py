@@ -212,7 +212,8 @@ def plot(record: dict, output: Path) -> None:
     for x, cell in enumerate(cells):
         for key, label, color, shift in series:
             if key == "tokens_per_s_ratio":
-                ratios = [u["a"]["tokens"] / u["a"]["wall_s"] / (u["b"]["tokens"] / u["b"]["wall_s"]) for u in cell["units"]]
+                ratios = [u["a"]["tokens"] / u["a"]["wall_s"] / (u["b"]["tokens"] / u["b"]["wall_s"])
+                          for u in cell["units"]]
             else:
                 ratios = [_rate(u["a"]) / _rate(u["b"]) for u in cell["units"] if _rate(u["a"]) and _rate(u["b"])]
             summary = cell["summary"].get(key)

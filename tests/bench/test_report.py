@@ -235,7 +235,8 @@ def test_sustained_throughput_is_shown_where_a_cell_had_a_steady_stretch(data):
     assert "| sustained tok/s |" not in markdown(data)  # no column: no cell had more prompts than its batch
     for cell in data["cells"]:
         if cell.get("status") == "ok" and cell["batch"] == 8:
-            cell["sustained"] = {"steps": 10, "tokens": 80, "seconds": 2.0, "tokens_per_s": 40.0 if cell["config"] == "ar" else 44.0}
+            speed = 40.0 if cell["config"] == "ar" else 44.0
+            cell["sustained"] = {"steps": 10, "tokens": 80, "seconds": 2.0, "tokens_per_s": speed}
     derive(data)
     policy = next(c for c in data["cells"] if c["config"] == "policy-only" and c["batch"] == 8)
     assert policy["derived"]["sustained_vs_ar"] == pytest.approx(1.1)

@@ -243,8 +243,9 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "sustained tok/s", "sustained x AR", "accept len",
-          "draft/step", "step p50 ms", "step p99 ms", "accuracy", "recovery", "vs lossless", "same as AR", "promoted", "free", "passes/token"]
+HEADER = ["config", "tok/s", "x AR", "x best static", "x best stock", "sustained tok/s", "sustained x AR",
+          "accept len", "draft/step", "step p50 ms", "step p99 ms", "accuracy", "recovery", "vs lossless",
+          "same as AR", "promoted", "free", "passes/token"]
 
 
 def columns(data: dict) -> list[str]:
