@@ -234,7 +234,7 @@ def test_sustained_throughput_is_shown_where_a_cell_had_a_steady_stretch(data):
     derive(data)
     assert "| sustained tok/s |" not in markdown(data)  # no column: no cell had more prompts than its batch
     for cell in data["cells"]:
-        if cell.get("status") == "ok" and cell["batch"] == 8:
+        if cell.get("status") == "ok":  # batch-1 cells too: they get no sustained figure (no drain to leave out)
             speed = 40.0 if cell["config"] == "ar" else 44.0
             cell["sustained"] = {"steps": 10, "tokens": 80, "seconds": 2.0, "tokens_per_s": speed}
     derive(data)

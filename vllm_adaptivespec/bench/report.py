@@ -25,11 +25,11 @@ DEFINITIONS = """\
   workload, batch and temperature; "best stock" is shown only when the run holds every stock
   configuration (static k = 1..4, n-gram, dynamic, and suffix decoding in a run that selected it: where Arctic
   Inference is not installed it is rejected and listed under "Configurations not run"), never for a subset.
-- **sustained tok/s**, **sustained x AR**: where a cell has more prompts than its batch, tokens / wall-clock of
-  the steps taken while prompts were still waiting (the batch full, each finished request replaced at once), up
-  to the step that prefills the last prompt: throughput at a steady load, as a server sees it, without the
-  drain at the cell's end, where the batch shrinks to its slowest requests; and that over the autoregressive
-  target's.
+- **sustained tok/s**, **sustained x AR**: where a cell of batch > 1 has more prompts than its batch, tokens /
+  wall-clock of the steps taken while prompts were still waiting (the batch full, each finished request replaced
+  at once), up to the step that prefills the last prompt: throughput at a steady load, as a server sees it,
+  without the drain at the cell's end, where the batch shrinks to its slowest requests; and that over the
+  autoregressive target's.
 - **accept len**: mean tokens emitted per verification step (accepted draft tokens + 1), from vLLM's spec-decode counters.
 - **draft/step**: draft tokens proposed per request and step (tree nodes, for tree configurations).
 - **step p50/p99**: wall-clock of one engine iteration (`LLMEngine.step()`, one draft + verify round for all running
@@ -127,7 +127,10 @@ def derive(data: dict) -> None:
 
 
 def _sustained(cell: dict) -> float | None:
-    """The cell's sustained tok/s (the median over its repeats), None where it had no steady stretch."""
+    """The cell's sustained tok/s (the median over its repeats), None where it had no steady stretch or runs one
+    request at a time (batch 1 has no drain to leave out: its window would only drop the last prompt)."""
+    if cell.get("batch", 1) <= 1:
+        return None
     return (cell.get("sustained") or {}).get("tokens_per_s")
 
 
@@ -252,7 +255,7 @@ def columns(data: dict) -> list[str]:
     """`HEADER`, plus the spreads when some cell has several measured repeats and the overhead share when
     some cell recorded one (None included: the plugin ran but exported no overhead counter); the free share
     only when some cell's plugin counted free draft tokens, passes per token when it counted drafter passes, the
-    sustained figures when some cell had more prompts than its batch."""
+    sustained figures when some cell of batch > 1 had more prompts than its batch."""
     header = list(HEADER)
     cells = [c for c in data["cells"] if c.get("status") == "ok"]
     if not any((c.get("derived") or {}).get("best_stock") for c in cells):
@@ -260,7 +263,7 @@ def columns(data: dict) -> list[str]:
     if not any((c.get("derived") or {}).get("accuracy_vs_lossless") is not None for c in cells):
         header.remove("vs lossless")  # no swept row ran beside its lossless twin
     if not any(_sustained(c) for c in cells):
-        header.remove("sustained tok/s")  # no cell had more prompts than its batch
+        header.remove("sustained tok/s")  # no cell of batch > 1 had more prompts than its batch
         header.remove("sustained x AR")
     if not any("free_draft_tokens" in (c.get("adaptivespec") or {}) for c in cells):
         header.remove("free")
