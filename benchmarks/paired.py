@@ -126,7 +126,7 @@ def run_pair(pair: tuple[str, str], args, items: dict, target: str, drafter: str
             prompts = [render_prompt(tokenizer, asdict(item)) for item in items[workload]]
             params = [sampling_params(cell, asdict(item)) for item in items[workload]]
             for batch in args.batches:
-                size = max(batch, args.unit_prompts or batch)
+                size = max(batch, args.unit_prompts or batch) if batch > 1 else 1  # batch 1: one prompt a unit
                 chunks = [list(range(i, min(i + size, len(prompts)))) for i in range(0, len(prompts), size)]
                 chunks = chunks * args.passes
                 # One unit on each engine first, not measured: the cell's shapes (a batch of B at depth k) are
