@@ -10,7 +10,9 @@ The plan prices every drafted token at a per-position acceptance estimate (``Ada
 This runs one AdaptiveSpec engine in-process over a workload, records for every drafted token its c, cal(c)
 and a as the plan read them and whether the target accepted it, and scores rival estimates on the tokens
 that were judged (a token after a rejected one is never judged): Brier score, log loss, and the resulting
-fit of w. A better estimate ranks the tokens worth a pass better, which is what the plan's choices rest on.
+fit of w. Copied tokens (free drafts) are scored too: the plan's f (a copy's first token) and c (a later one,
+given the one before it held) against one per-position rate for all of them (``engine/free_draft.py``).
+A better estimate ranks the tokens worth a pass better, which is what the plan's choices rest on.
 
     python benchmarks/estimates.py --config policy-only --workloads general,humaneval \\
         --output benchmarks/results/estimates-qwen-coder
@@ -76,12 +78,57 @@ def install_recorder(worker, sink_name: str) -> None:
                         records.append({"k": k, "c": c, "cal": cal, "a": hist, "accepted": k <= accepted})
 
     state.choose_shapes, state.continue_chains, state.verifying = choose_shapes, continue_chains, verifying_
+    copies = state.free_drafts
+    if copies is None:
+        return
+    # Copies (free drafts): every judged copied token's estimate as the plan read it, f for the first token and c
+    # for a later one (its chance given the one before it held), and whether it held.
+    copy_records: list[dict] = []
+    setattr(worker, sink_name + "_copies", copy_records)
+    read_copies: dict[str, tuple[float, float]] = {}
+    estimates, judged = copies.estimates, copies.judged
+
+    def estimates_(req_ids):
+        out = estimates(req_ids)
+        read_copies.update({rid: (f, c) for rid, (n, f, c) in zip(req_ids, out) if n})
+        return out
+
+    def judged_(rid, accepted_nodes):
+        branch = judged(rid, accepted_nodes)
+        if branch is not None and rid in read_copies:
+            f, c = read_copies[rid]
+            path, held = branch.path, 0
+            while held < min(len(accepted_nodes), len(path)) and accepted_nodes[held] == path[held]:
+                held += 1
+            for k in range(1, min(len(path), held + 1) + 1):  # a token after a failed one is never judged
+                copy_records.append({"k": k, "estimate": f if k == 1 else c, "accepted": k <= held})
+        return branch
+
+    copies.estimates, copies.judged = estimates_, judged_
 
 
 def take_records(worker, sink_name: str) -> list[dict]:
-    records = list(getattr(worker, sink_name))
-    getattr(worker, sink_name).clear()
+    records = list(getattr(worker, sink_name, []))
+    getattr(worker, sink_name, []).clear()
     return records
+
+
+def score_copies(records: list[dict]) -> dict | None:
+    """Copied tokens, each judged given the one before it held: Brier score of the plan's estimate (f for a first
+    token, c for a later one) against one per-position rate for every copied token (the run's own mean: the best
+    constant, so a lower bound for any single rate), per subset."""
+    if not records:
+        return None
+    out = {"tokens": len(records)}
+    rate = sum(r["accepted"] for r in records) / len(records)
+    for subset, sel in (("all", records), ("first", [r for r in records if r["k"] == 1]),
+                        ("later", [r for r in records if r["k"] > 1])):
+        if sel:
+            y = [r["accepted"] for r in sel]
+            out[subset] = {"tokens": len(sel), "accepted": sum(y) / len(y),
+                           "mean_estimate": sum(r["estimate"] for r in sel) / len(sel),
+                           "brier_plan": brier([r["estimate"] for r in sel], y), "brier_one_rate": brier([rate] * len(y), y)}
+    return out
 
 
 def brier(p: list[float], y: list[bool]) -> float:
@@ -127,7 +174,7 @@ def reliability(records: list[dict], key: str, bins: int = 10) -> list[dict]:
 
 def render(result: dict) -> str:
     """results.md: one row per workload and subset, Brier / log loss of every estimate."""
-    names = list(next(iter(result["workloads"].values()))["all"]["estimates"])
+    names = next((list(d["all"]["estimates"]) for d in result["workloads"].values() if d["all"]), [])
     lines = ["# Acceptance estimates against verdicts", "", f"- command: `{result['command']}`",
              f"- config `{result['config']}`, batch {result['batch']}, {result['environment']['hardware']['cpu']}",
              "", "Scores over judged drafted tokens (lower is better); w: weight of cal(c) against the request's "
@@ -142,12 +189,26 @@ def render(result: dict) -> str:
             cells = " | ".join(f"{v['brier']:.4f} / {v['log_loss']:.3f}" for v in s["estimates"].values())
             lines.append(f"| {workload} | {s['tokens']} | {subset} | {s['accepted']:.3f} | {s['fitted_w']:.2f} | "
                          f"{cells} |")
-    return "\n".join(lines + ["", "Cells: Brier / log loss."]) + "\n"
+    lines += ["", "Cells: Brier / log loss."]
+    copies = {w: d["copies"] for w, d in result["workloads"].items() if d.get("copies")}
+    if copies:
+        lines += ["", "## Copies (free drafts)", "",
+                  "Every judged copied token, given the one before it held: the plan's estimate (f for the first token "
+                  "of a copy, c for a later one) against one per-position rate for every copied token (the run's mean).",
+                  "", "| workload | subset | tokens | accepted | mean estimate | Brier, plan | Brier, one rate |",
+                  "|---|---|---|---|---|---|---|"]
+        for workload, c in copies.items():
+            for subset in ("all", "first", "later"):
+                if subset in c:
+                    s = c[subset]
+                    lines.append(f"| {workload} | {subset} | {s['tokens']} | {s['accepted']:.3f} | "
+                                 f"{s['mean_estimate']:.3f} | {s['brier_plan']:.4f} | {s['brier_one_rate']:.4f} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(result: dict, output: Path) -> None:
-    """reliability.png: per workload, the accepted fraction of each estimate's bins (point size ~ tokens), and
-    the Brier score of p = w cal(c) + (1 - w) a over w."""
+    """reliability.png: per workload, the accepted fraction of each estimate's bins (point size ~ tokens; the
+    drafter's cal(c) and a, and the copies' f and c), and the Brier score of p = w cal(c) + (1 - w) a over w."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,14 +219,19 @@ def plot(result: dict, output: Path) -> None:
     for col, (workload, data) in enumerate(workloads.items()):
         ax = axes[0][col]
         ax.plot([0, 1], [0, 1], color="gray", lw=0.8)
-        for key, label, color in (("reliability_cal", "cal(c)", "tab:blue"), ("reliability_a", "history a", "tab:orange")):
+        series = [("reliability_cal", "cal(c)", "tab:blue"), ("reliability_a", "history a", "tab:orange")]
+        if data.get("copy_records"):
+            data = {**data, "reliability_copies": reliability(data["copy_records"], "estimate")}
+            series.append(("reliability_copies", "copies: f, c", "tab:green"))
+        tokens = (data["all"]["tokens"] if data["all"] else 0) + len(data.get("copy_records") or [])
+        for key, label, color in series:
             bins = data[key]
             ax.plot([b["mean_estimate"] for b in bins], [b["accepted"] for b in bins], "-o", color=color, label=label,
                     lw=1, markersize=0)
             ax.scatter([b["mean_estimate"] for b in bins], [b["accepted"] for b in bins], color=color,
-                       s=[8 + 200 * b["n"] / data["all"]["tokens"] for b in bins])
+                       s=[8 + 200 * b["n"] / tokens for b in bins])
         ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="estimate (bin mean)", ylabel="accepted fraction",
-               title=f"{workload}: {data['all']['tokens']} judged tokens")
+               title=f"{workload}: {tokens} judged tokens")
         ax.legend(loc="upper left", fontsize=8)
         ax = axes[1][col]
         for subset, style in (("all", "-o"), ("first", "--s"), ("later", ":^")):
@@ -227,14 +293,16 @@ def main() -> int:
         params = [sampling_params(cell, asdict(item)) for item in items]
         run_cell(llm.llm_engine, prompts, params, args.batch, lambda: None, stall_timeout_s=300.0)
         records = llm.collective_rpc(take_records, args=(sink,))[0]
+        copy_records = llm.collective_rpc(take_records, args=(sink + "_copies",))[0]
         first = [r for r in records if r["k"] == 1]
         later = [r for r in records if r["k"] > 1]
         result["workloads"][workload] = {
-            "all": score(records), "first": score(first), "later": score(later) if later else None,
+            "all": score(records) if records else None, "first": score(first) if first else None,
+            "later": score(later) if later else None,
             "reliability_cal": reliability(records, "cal"), "reliability_a": reliability(records, "a"),
-            "records": records,
+            "records": records, "copies": score_copies(copy_records), "copy_records": copy_records,
         }
-        print(workload, json.dumps(result["workloads"][workload]["all"], indent=1), flush=True)
+        print(workload, json.dumps({k: result["workloads"][workload][k] for k in ("all", "copies")}, indent=1), flush=True)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "results.json").write_text(json.dumps(result, indent=1))
     (args.output / "results.md").write_text(render(result))

@@ -93,7 +93,8 @@ def snapshot(llm, done: int, aborted: int, started: float) -> dict:
                 {}
                 if state.free_drafts is None
                 else {
-                    "free_policies": len(state.free_drafts.policies),
+                    "free_first": len(state.free_drafts.first),
+                    "free_continued": len(state.free_drafts.continued),
                     "free_offers": len(state.free_drafts.offers),
                     "free_judging": len(state.free_drafts.judging),
                 }
@@ -101,7 +102,9 @@ def snapshot(llm, done: int, aborted: int, started: float) -> dict:
         },
         "histories": {
             "pooled_window": len(state.pooled),
-            "free_pooled_window": 0 if state.free_drafts is None else len(state.free_drafts.pooled),
+            "free_pooled_window": 0 if state.free_drafts is None else max(
+                len(state.free_drafts.pooled_first), len(state.free_drafts.pooled_continued)
+            ),
             "target_cost_buckets": state.step_costs.target.points(),
             "draft_pass_buckets": state.step_costs.draft_pass.points(),
             "calibration_bins": int(state.calibration.judged.size),

@@ -53,20 +53,23 @@ decoding by ``MIN_GAIN_OVER_PLAIN``: the fitted prices err by about that much, a
 than a wrong "off" gives up (at batch 8 on 2 cores the plan priced plain decoding's step at 154 ms where it
 ran 139 ms, and a depth-1 plan it priced at break-even ran 14% slower than plain decoding).
 
-Free drafts (``free``: per request a draft of L_i tokens copied from its own text, with per-position
-acceptance estimate q_i; L_i = 0: none) cost verification but no drafter pass. With them a request
-drafts from one source, and only the requests drafting from the drafter count towards D:
+Free drafts (``free``: per request a draft of L_i tokens copied from its own text, whose first token is
+accepted with chance f_i and every later one with chance c_i given the one before it, so its k-th with
+chance f_i c_i^(k - 1) (a copy fails at its start or runs: ``engine/free_draft.py``); L_i = 0: none) cost
+verification but no drafter pass. With them a request drafts from one source, and only the requests
+drafting from the drafter count towards D:
 
-    source_i = free     when L_i > 0 and (D = 0 or q_i + ... + q_i^L_i >= p_i + ... + p_i^D): its
-                        whole free chain is expected to yield at least the drafter's and needs no pass
+    y_i      = f_i (1 + c_i + ... + c_i^(L_i - 1))         expected accepted tokens of the whole free chain
+    source_i = free     when L_i > 0 and (D = 0 or y_i >= p_i + ... + p_i^D): its whole free chain is
+                        expected to yield at least the drafter's and needs no pass
              = drafter  otherwise
-    gains of request i: q_i^k for k <= L_i (free), p_i^k for k <= D (drafter)
+    gains of request i: f_i c_i^(k - 1) for k <= L_i (free), p_i^k for k <= D (drafter)
 
-and the same N-largest search runs over those gains, for D = 0 (free drafts only, no pass) through
-max_depth; for each D >= 1 it also runs with every request on the drafter (source_i = drafter for all),
-since the rule weighs whole chains and not what verifying them costs (a long, unsure copy can lose to
-one sure drafter token). The source rule is a choice, not a search (a free
-chain less sure than the drafter's that would save a pass for the whole batch is only found at D = 0),
+and the same N-largest search runs over those gains (a free chain's still fall with k, as c_i <= 1), for
+D = 0 (free drafts only, no pass) through max_depth; for each D >= 1 it also runs with every request on
+the drafter (source_i = drafter for all), since the rule weighs whole chains and not what verifying them
+costs (a long, unsure copy can lose to one sure drafter token). The source rule is a choice, not a search
+(a free chain less sure than the drafter's that would save a pass for the whole batch is only found at D = 0),
 so with free drafts the plan is at least the optimum among plans that follow the rule (tested against
 brute force, and against the best of all plans in random batches of up to 3 requests).
 ``min_depth`` raises drafter chains only (a free chain is as long as its match allows).
@@ -342,23 +345,24 @@ def plan_depths(
     min_depth: int,
     max_depth: int,
     allow_off: bool = True,
-    free: Sequence[tuple[int, float]] | None = None,
+    free: Sequence[tuple[int, float, float]] | None = None,
     catch_up: float = 0.0,
 ) -> StepPlan | None:
     """The plan of the module docstring for requests with per-position acceptance ``acceptance`` and,
-    optionally, free drafts ``free`` ((L_i, q_i) per request) and the drafter's catch-up ``catch_up``
+    optionally, free drafts ``free`` ((L_i, f_i, c_i) per request) and the drafter's catch-up ``catch_up``
     (seconds per emitted token, ``catch_up_per_token``). None while the cost model is not ready."""
     if not costs.ready() or not acceptance:
         return None
     p = np.clip(np.asarray(acceptance, dtype=np.float64), 0.0, 1.0)  # [B]
     batch = p.shape[0]
     if free is None:
-        free_len, q = np.zeros(batch, dtype=np.int64), np.zeros(batch)
+        free_len, first, cont = np.zeros(batch, dtype=np.int64), np.zeros(batch), np.zeros(batch)
     else:
-        free_len = np.asarray([n for n, _ in free], dtype=np.int64)  # [B] L_i
-        q = np.clip(np.asarray([a for _, a in free], dtype=np.float64), 0.0, 1.0)  # [B]
+        free_len = np.asarray([n for n, _, _ in free], dtype=np.int64)  # [B] L_i
+        first = np.clip(np.asarray([f for _, f, _ in free], dtype=np.float64), 0.0, 1.0)  # [B] f_i
+        cont = np.clip(np.asarray([c for _, _, c in free], dtype=np.float64), 0.0, 1.0)  # [B] c_i
     has_free = free_len > 0
-    free_yield = _chain_yield(q, free_len)  # [B] q_i + ... + q_i^L_i
+    free_yield = copy_yield(first, cont, free_len)  # [B] y_i
     drafter_yields = np.cumsum(p[:, None] ** np.arange(1, max_depth + 1)[None, :], axis=1)  # [B, max_depth]
     fixed = costs.fixed or 0.0
     plain_rate = batch / (fixed + costs.target.seconds(batch))
@@ -374,7 +378,7 @@ def plan_depths(
         if width == 0:
             continue
         k = np.arange(1, width + 1)[None, :]
-        gains = np.where(use_free, q, p)[:, None] ** k  # [B, K] marginal gain of the k-th token
+        gains = np.where(use_free[:, None], first[:, None] * cont[:, None] ** (k - 1), p[:, None] ** k)  # [B, K]
         gains = np.where(k <= cap[:, None], gains, -1.0).reshape(-1)  # beyond a chain: never taken
         order = np.argsort(-gains, kind="stable")[: int(cap.sum())]
         total = batch + np.cumsum(gains[order])  # E for N = 1..sum(cap)
@@ -477,10 +481,16 @@ def catch_up_per_token(costs: StepCosts, batch: int, rows: int, tokens_ahead: fl
     return max(0.0, float(extra)) / max(1.0, tokens_ahead)
 
 
-def _chain_yield(a: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """[B] a_i + a_i^2 + ... + a_i^length_i, the expected accepted tokens of a chain."""
-    k = np.arange(1, int(length.max(initial=0)) + 1)[None, :]
-    return np.where(k <= length[:, None], a[:, None] ** k, 0.0).sum(1)
+def copy_yield(first, cont, length):
+    """f_i (1 + c_i + ... + c_i^(length_i - 1)), the expected accepted tokens of a free chain of ``length``
+    tokens (arrays [B], or three numbers); 0 where the length is 0.
+
+    Worked example: f = 0.8, c = 0.9, length 3 -> 0.8 + 0.72 + 0.648 = 2.168."""
+    first, cont, length = np.asarray(first, dtype=np.float64), np.asarray(cont, dtype=np.float64), np.asarray(length)
+    k = np.arange(int(length.max(initial=0)))  # [K] exponents 0..K-1
+    terms = first[..., None] * cont[..., None] ** k  # [..., K]
+    out = np.where(k < length[..., None], terms, 0.0).sum(-1)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def could_pay(costs: StepCosts, batch: int, max_depth: int, catch_up: float = 0.0) -> bool:

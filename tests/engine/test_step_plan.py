@@ -218,10 +218,18 @@ def test_free_drafts_alone_run_no_drafter_pass_and_feed_their_own_estimates():
     assert drafts == [[4, 5, 6, 1], [4, 5, 6, 1]] and state.step.free_tokens == 8
     with state.verifying([4, 4]) as verification:
         verification.num_accepted, verification.num_promoted = [4, 1], [0, 0]
-    assert state.free_drafts.policies["r0"].acceptance_rate == 1.0
-    assert state.free_drafts.policies["r1"].acceptance_rate == 0.5
+    copies = state.free_drafts
+    # Both first tokens held; after them r0's copy ran to its end (3 of 3), r1's failed at once (0 of 1 judged).
+    assert copies.first["r0"].acceptance_rate == copies.first["r1"].acceptance_rate == 1.0
+    assert copies.continued["r0"].acceptance_rate == 1.0 and copies.continued["r1"].acceptance_rate == 0.0
     assert state.policies["r0"].judged == 0  # the drafter's history is not touched by copies
-    assert state.free_drafts.pooled.rate() == 5 / 6
+    assert copies.pooled_first.rate() == 1.0 and copies.pooled_continued.rate() == 3 / 4
+    # The next estimates: f from the match length's calibration and the first-token history, c shrunk toward the
+    # pool (8 prior positions at 3/4): r0 (3 judged at 1.0) above r1 (1 judged at 0.0).
+    _offer(state)
+    (n0, f0, c0), (n1, f1, c1) = copies.estimates(["r0", "r1"])
+    assert n0 == n1 == 4 and f0 == f1 == 1.0
+    assert c0 == pytest.approx((3 * 1.0 + 8 * 0.75) / 11) and c1 == pytest.approx((1 * 0.0 + 8 * 0.75) / 9)
 
 
 def test_in_tree_mode_a_copy_is_one_more_branch_and_is_judged_on_its_own_path():
@@ -242,8 +250,9 @@ def test_in_tree_mode_a_copy_is_one_more_branch_and_is_judged_on_its_own_path():
         # r0 accepted 4 5 6 (the copy's first three), r1 the copy's 4 (not the drafter's 7).
         verification.num_accepted, verification.num_promoted = [3, 1], [0, 0]
         verification.accepted_nodes = torch.tensor([[0, 2, 3, -1], [1, -1, -1, -1]])
-    copies = state.free_drafts.policies
-    assert copies["r0"].acceptance_rate == 3 / 4 and copies["r1"].acceptance_rate == 1 / 2
+    copies = state.free_drafts
+    assert copies.first["r0"].acceptance_rate == copies.first["r1"].acceptance_rate == 1.0
+    assert copies.continued["r0"].acceptance_rate == 2 / 3 and copies.continued["r1"].acceptance_rate == 0.0
     assert state.policies["r0"].judged == 4 and state.policies["r1"].judged == 2  # the whole tree, depth 4
     # The drafter's confidence was worth its first node for r0 only (r1's path began on the copy).
     assert state.calibration.judged.sum() == 2 and state.calibration.accepted.sum() == 1
@@ -264,7 +273,7 @@ def test_in_tree_mode_a_request_drafted_from_its_copy_alone_gets_no_drafter_node
     assert drafts == [[4, 5, 6, 1], [4, 5, 6, 1]] and state.drafts["r0"].parents == [-1, 0, 1, 2]
     with state.verifying([4, 4]) as verification:  # chains: no tree objects
         verification.num_accepted, verification.num_promoted = [2, 4], [0, 0]
-    assert state.free_drafts.policies["r0"].acceptance_rate == 2 / 3
+    assert state.free_drafts.continued["r0"].acceptance_rate == 1 / 2  # 4 5 6 1 copied: 4 and 5 held, 6 did not
     assert state.policies["r0"].judged == 0  # the drafter's history is not touched by copies
 
 

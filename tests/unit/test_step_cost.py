@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from vllm_adaptivespec.step_cost import (
     Stretches,
     catch_up_per_token,
     continue_chains,
+    copy_yield,
     could_pay,
     hindsight,
     monotone_fit,
@@ -199,12 +201,11 @@ def test_speculation_must_beat_plain_decoding_by_the_prices_error():
 
 
 def _free_rate(choice, p, free, costs):
-    """E / t of a plan ``choice`` = [(source, d_i)] with free drafts, from the module docstring: free
-    chains emit q_i^k and need no drafter pass."""
+    """E / t of a plan ``choice`` = [(source, d_i)] with free drafts, from the module docstring: the k-th token
+    of a free chain is accepted with chance f_i c_i^(k - 1), and free chains need no drafter pass."""
     batch = len(p)
     emitted = batch + sum(
-        sum((free[i][1] if source == "free" else p[i]) ** k for k in range(1, d + 1))
-        for i, (source, d) in enumerate(choice)
+        _copy(free[i][1], free[i][2], d) if source == "free" else _chain(p[i], d) for i, (source, d) in enumerate(choice)
     )
     deepest = max((d for source, d in choice if source == "drafter"), default=0)
     verified = sum(d for _, d in choice)
@@ -217,19 +218,31 @@ def _chain(a, n):
     return sum(a**k for k in range(1, n + 1))
 
 
+def _copy(f, c, n):
+    return sum(f * c ** (k - 1) for k in range(1, n + 1))
+
+
+def test_copy_yield_is_the_sum_of_its_tokens_chances():
+    assert copy_yield(0.8, 0.9, 3) == pytest.approx(0.8 + 0.72 + 0.648)  # the worked example
+    assert copy_yield(0.8, 0.9, 0) == 0.0
+    got = copy_yield(np.array([0.5, 0.9, 0.7]), np.array([1.0, 0.5, 0.7]), np.array([4, 2, 0]))
+    assert got == pytest.approx([2.0, 0.9 + 0.45, 0.0])
+    assert copy_yield(0.7, 0.7, 5) == pytest.approx(_chain(0.7, 5))  # c = f: one per-position rate
+
+
 def _free_choices(p, free, max_depth, follow_rule):
     """Every plan: per request nothing, a free chain of 1..L_i or a drafter chain of 1..max_depth; with
     ``follow_rule``, only plans whose sources follow the module docstring's source rule."""
     options = [
         [("none", 0)] + [("free", d) for d in range(1, n + 1)] + [("drafter", d) for d in range(1, max_depth + 1)]
-        for n, _ in free
+        for n, _, _ in free
     ]
     for choice in itertools.product(*options):
         drafter_depth = max((d for source, d in choice if source == "drafter"), default=0)
         if follow_rule:
             rule = [
-                n > 0 and (drafter_depth == 0 or _chain(q, n) >= _chain(pi, drafter_depth))
-                for (n, q), pi in zip(free, p)
+                n > 0 and (drafter_depth == 0 or _copy(f, c, n) >= _chain(pi, drafter_depth))
+                for (n, f, c), pi in zip(free, p)
             ]
             if any((source == "free") != prefer for (source, d), prefer in zip(choice, rule) if d > 0):
                 continue
@@ -238,7 +251,10 @@ def _free_choices(p, free, max_depth, follow_rule):
 
 @FAST
 @given(
-    st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 3), st.floats(0.0, 1.0)), min_size=1, max_size=3),
+    st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.integers(0, 3), st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+        min_size=1, max_size=3,
+    ),
     st.integers(1, 3),
     st.floats(0.0, 0.05),
     st.floats(0.01, 1.0),
@@ -250,13 +266,13 @@ def _free_choices(p, free, max_depth, follow_rule):
 def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
     requests, max_depth, per_token, base, draft, fixed, per_row, verify
 ):
-    p = [pi for pi, _, _ in requests]
-    free = [(min(n, max_depth), q) for _, n, q in requests]
+    p = [pi for pi, _, _, _ in requests]
+    free = [(min(n, max_depth), f, c) for _, n, f, c in requests]
     costs = _costs(per_token, base, draft, fixed, per_row, verify)
     plan = plan_depths(p, costs, min_depth=1, max_depth=max_depth, free=free)
     choice = [("free" if f else "drafter", d) for f, d in zip(plan.free, plan.depths)]
     assert plan.rate == pytest.approx(_free_rate(choice, p, free, costs), rel=1e-9)
-    assert all(d <= n for (n, _), (source, d) in zip(free, choice) if source == "free")
+    assert all(d <= n for (n, _, _), (source, d) in zip(free, choice) if source == "free")
     best = max(_free_rate(c, p, free, costs) for c in _free_choices(p, free, max_depth, follow_rule=True))
     _assert_near_best(plan, best)
     # Against every plan (the rule can miss a free chain less sure than the drafter's that would save the
@@ -267,11 +283,22 @@ def test_plan_with_free_drafts_is_the_best_plan_that_follows_the_source_rule(
 
 def test_a_step_of_free_drafts_only_runs_no_drafter_pass():
     costs = _costs(per_token=0.0, base=1.0, draft=0.5, fixed=0.05)
-    plan = plan_depths([0.5, 0.5], costs, 1, 4, free=[(4, 0.9), (3, 0.8)])
+    plan = plan_depths([0.5, 0.5], costs, 1, 4, free=[(4, 0.9, 0.9), (3, 0.8, 0.8)])
     assert plan.free == [True, True] and plan.passes == 0 and min(plan.depths) >= 3
-    mixed = plan_depths([0.5, 0.95], _costs(0.0, 1.0, 0.05, 0.05), 1, 4, free=[(4, 0.9), (0, 0.0)])
+    mixed = plan_depths([0.5, 0.95], _costs(0.0, 1.0, 0.05, 0.05), 1, 4, free=[(4, 0.9, 0.9), (0, 0.0, 0.0)])
     assert mixed.free == [True, False] and mixed.passes == mixed.depths[1] > 0
-    assert plan_depths([0.5], costs, 1, 4, free=[(0, 0.0)]).free == [False]
+    assert plan_depths([0.5], costs, 1, 4, free=[(0, 0.0, 0.0)]).free == [False]
+
+
+def test_a_copy_that_runs_once_its_first_token_holds_is_priced_for_the_run():
+    # A drafter pass a third of a target forward, the drafter sure (0.9); the copy's first token is a coin flip,
+    # but a copy whose first token holds runs on (c = 1): its 8 tokens yield 4, more than the drafter's 4 deep
+    # (3.44), with no drafter pass. Read as one per-position rate of 0.5 the same copy yields ~1 and loses.
+    costs = _costs(per_token=0.002, base=0.1, draft=0.033, fixed=0.01)
+    runs = plan_depths([0.9], costs, 1, 8, free=[(8, 0.5, 1.0)])
+    assert runs.free == [True] and runs.passes == 0 and runs.depths == [8]
+    one_rate = plan_depths([0.9], costs, 1, 8, free=[(8, 0.5, 0.5)])
+    assert one_rate.free == [False] and one_rate.passes > 0
 
 
 def test_verify_is_what_a_verifying_step_costs_beyond_a_plain_one():
@@ -291,7 +318,7 @@ def test_copies_that_do_not_pay_for_the_verifying_step_are_not_verified():
     # Batch 8 at 2 CPU cores: a plain step 160 ms (8 tokens), each verified query token ~1 ms more. Two copies
     # at q = 0.3 each emit 0.3 + 0.09 expected tokens: with verification free they pay, but not when a verifying
     # step costs 10 ms more than a plain one.
-    free = [(2, 0.3)] * 2 + [(0, 0.0)] * 6
+    free = [(2, 0.3, 0.3)] * 2 + [(0, 0.0, 0.0)] * 6
     cheap = _costs(per_token=0.001, base=0.15, draft=0.05, fixed=0.002)
     assert plan_depths([0.1] * 8, cheap, 1, 4, free=free).free[:2] == [True, True]
     dear = _costs(per_token=0.001, base=0.15, draft=0.05, fixed=0.002, verify=0.01)

@@ -13,18 +13,28 @@ Sources (``free_drafter``):
   prompt and output and over earlier requests' responses (vLLM's defaults: depth 24, 10,000 cached
   responses), the most frequent continuation of the longest match, as a chain.
 
-Each request's free draft gets its own acceptance estimate, built like the drafter's:
+Each request's free draft gets its own acceptance estimates, built like the drafter's but in two parts,
+since a copy fails at its start or not at all: where the copied text is the text the target writes, every
+later token follows as well (edit workload, batch 1, Arctic's cache: first copied token accepted 77% of the
+time, each later one 96% of the time given the one before it; read as one per-position rate of ~0.82, the
+8th token of a copy was priced at 0.2 where it earned 0.7, so the plan ran the drafter beside copies that
+would have done alone):
 
     m_i      match length of this step's free draft (longer matches are likelier copies)
-    a_i      the request's rolling per-position acceptance of its free drafts (a ``SequencePolicy``
-             window, counted as the drafter's are); before its first judged free draft, the pooled
-             rate of every request's free drafts (``PooledAcceptance``), else ``prior_acceptance``
-    cal(m)   observed acceptance of the first free token at match length m, shrunk toward a_pool
+    h_i      the request's rolling acceptance of its copies' first tokens (a ``SequencePolicy`` window); before
+             its first judged copy, the pooled rate of every request's copies (``PooledAcceptance``), else
+             ``prior_acceptance``
+    cal(m)   observed acceptance of the first free token at match length m, shrunk toward that pooled rate
              while the length has few observations (``step_cost.ShrunkAcceptance``):
-                 cal(m) = (accepted_m + prior_weight * a_pool) / (judged_m + prior_weight)
-    q_i      = w * cal(m_i) + (1 - w) * a_i,   w = ``confidence_weight``
+                 cal(m) = (accepted_m + prior_weight * pool_first) / (judged_m + prior_weight)
+    f_i      = w * cal(m_i) + (1 - w) * h_i,   w = ``confidence_weight``: the first copied token's chance
+    c_i      a later copied token's chance given the one before it was accepted: the request's rolling
+             per-position acceptance of the tokens after an accepted first one, n_i judged, shrunk toward the
+             pooled rate of every request's (``prior_acceptance`` before any) while n_i is small:
+                 c_i = (n_i * rate_i + prior_weight * pool_continued) / (n_i + prior_weight)
 
-``step_cost.plan_depths`` then chooses per request between the free draft (L_i tokens, q_i) and the
+so the k-th token of request i's copy is accepted with chance f_i * c_i^(k - 1).
+``step_cost.plan_depths`` then chooses per request between the free draft (L_i tokens, f_i, c_i) and the
 drafter (p_i), and runs no drafter pass at all when every draft of the step is free.
 
 Chains: a request drafts either its copy (``apply``: the drafter's row replaced) or the drafter's chain.
@@ -67,8 +77,10 @@ class FreeDrafts:
     def __init__(self, config: AdaptiveSpecConfig, max_model_len: int, prior_weight: float = 8.0):
         self.source = NgramSource(config, max_model_len) if config.free_drafter == "ngram" else SuffixSource()
         self.config = config
-        self.policies = PolicyBank(config)  # per request: the rolling acceptance of its free drafts
-        self.pooled = PooledAcceptance()
+        self.first = PolicyBank(config)  # per request: rolling acceptance of its copies' first tokens (h_i)
+        self.continued = PolicyBank(config)  # per request: ... of the tokens after an accepted first one
+        self.pooled_first, self.pooled_continued = PooledAcceptance(), PooledAcceptance()
+        self.prior_weight = prior_weight
         self.calibration = ShrunkAcceptance(MAX_MATCH_BIN + 1, prior_weight)  # per match length (longer: last bin)
         self.offers: dict[str, tuple[list[int], int]] = {}  # this step's candidates: (tokens, match length)
         self.chosen: dict[str, int] = {}  # requests the plan drafts from their offer: tokens taken
@@ -83,20 +95,24 @@ class FreeDrafts:
             tokens, length = ([], 0) if history is None else self.source.draft(rid, history, prompt_len, k)
             self.offers[rid] = (tokens, min(length, MAX_MATCH_BIN))
 
-    def estimates(self, req_ids: list[str]) -> list[tuple[int, float]]:
-        """(L_i, q_i) per request for ``step_cost.plan_depths`` (module docstring)."""
-        pooled = self.pooled.rate()
-        prior = self.config.prior_acceptance if pooled is None else pooled
-        w = self.config.confidence_weight
+    def estimates(self, req_ids: list[str]) -> list[tuple[int, float, float]]:
+        """(L_i, f_i, c_i) per request for ``step_cost.plan_depths`` (module docstring)."""
+        prior = self.config.prior_acceptance
+        pool_first, pool_continued = self.pooled_first.rate(), self.pooled_continued.rate()
+        pool_first = prior if pool_first is None else pool_first
+        pool_continued = prior if pool_continued is None else pool_continued
+        w, k = self.config.confidence_weight, self.prior_weight
         out = []
         for rid in req_ids:
             tokens, length = self.offers.get(rid, ([], 0))
             if not tokens:
-                out.append((0, 0.0))
+                out.append((0, 0.0, 0.0))
                 continue
-            policy = self.policies[rid]
-            history = prior if policy.judged == 0 else policy.acceptance_rate
-            out.append((len(tokens), w * self.calibration.rate(length, prior) + (1.0 - w) * history))
+            first, continued = self.first[rid], self.continued[rid]
+            history = pool_first if first.judged == 0 else first.acceptance_rate
+            n = continued.judged
+            cont = (n * continued.acceptance_rate + k * pool_continued) / (n + k)
+            out.append((len(tokens), w * self.calibration.rate(length, pool_first) + (1.0 - w) * history, cont))
         return out
 
     def choose(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
@@ -140,7 +156,7 @@ class FreeDrafts:
         self.chosen = {}
         return added
 
-    def judged(self, rid: str, accepted_nodes: list[int], promoted: int) -> FreeBranch | None:
+    def judged(self, rid: str, accepted_nodes: list[int]) -> FreeBranch | None:
         """Feed a verified draft's outcome (``accepted_nodes``: the accepted path's nodes, in order) to the
         free source's estimates if the draft held a copy; returns that copy's ``FreeBranch``, else None. The
         copy's own outcome is the accepted path's common prefix with the copy's path."""
@@ -150,14 +166,18 @@ class FreeDrafts:
         accepted = 0
         while accepted < min(len(accepted_nodes), len(branch.path)) and accepted_nodes[accepted] == branch.path[accepted]:
             accepted += 1
-        self.policies[rid].observe(len(branch.path), accepted, min(promoted, accepted))
-        self.pooled.observe(len(branch.path), accepted)
+        self.first[rid].observe(1, min(1, accepted), 0)
+        self.pooled_first.observe(1, min(1, accepted))
+        if accepted >= 1 and len(branch.path) >= 2:  # the tokens after an accepted first one
+            self.continued[rid].observe(len(branch.path) - 1, accepted - 1, 0)
+            self.pooled_continued.observe(len(branch.path) - 1, accepted - 1)
         self.calibration.observe(branch.length, accepted >= 1)
         return branch
 
     def free(self, rid: str) -> None:
         self.source.free(rid)
-        self.policies.free(rid)
+        self.first.free(rid)
+        self.continued.free(rid)
         self.offers.pop(rid, None)
         self.chosen.pop(rid, None)
         self.judging.pop(rid, None)

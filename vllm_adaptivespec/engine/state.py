@@ -33,6 +33,7 @@ from vllm_adaptivespec.step_cost import (
     Stretches,
     catch_up_per_token,
     continue_chains,
+    copy_yield,
     could_pay,
     plan_depths,
 )
@@ -250,13 +251,13 @@ class AdaptiveState:
         replanned = plan is not None or self._random_shapes is not None
         if replanned and chains and self.config.replan_each_pass and max(s.depth for s in shapes) >= 2:
             # Re-planned after every further pass (``continue_chains``); the depths are recorded when it stops.
-            free_estimates = self._free_estimates(req_ids) or [(0, 0.0)] * batch
+            free_estimates = self._free_estimates(req_ids) or [(0, 0.0, 0.0)] * batch
             if plan is None:  # random shapes: the estimates are never read
                 estimates = [0.5] * batch
             self.chain_step = ChainStep(
                 drafted=[[] if f or rid in self.behind else [p] for rid, f, p in zip(req_ids, free_rows, estimates)],
                 must=[self._must_probe(rid) and rid not in self.behind for rid in req_ids],
-                copies=(sum(q ** k for (_, q), n in zip(free_estimates, copies) for k in range(1, n + 1)), sum(copies)),
+                copies=(sum(copy_yield(f, c, n) for (_, f, c), n in zip(free_estimates, copies)), sum(copies)),
                 copy_lengths=copies,
                 max_depth=min(self.config.max_depth, node_ceiling),
                 first_depths=[shape.depth for shape in shapes],
@@ -298,8 +299,8 @@ class AdaptiveState:
         self.step.add_depths(c or n for c, n in zip(chain.copy_lengths, lengths))
         return lengths
 
-    def _free_estimates(self, req_ids: list[str]) -> list[tuple[int, float]] | None:
-        """Each request's free draft for the step plan, (L_i, q_i); None without the free source."""
+    def _free_estimates(self, req_ids: list[str]) -> list[tuple[int, float, float]] | None:
+        """Each request's free draft for the step plan, (L_i, f_i, c_i); None without the free source."""
         return None if self.free_drafts is None else self.free_drafts.estimates(req_ids)
 
     def _choose_free(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
@@ -444,7 +445,7 @@ class AdaptiveState:
             off = False
         elif self._cost_probe(len(req_ids)):
             off = probe = True
-        elif self.off_streak and req_ids == self._off_batch and not any(n for n, _ in free or ()):
+        elif self.off_streak and req_ids == self._off_batch and not any(n for n, _, _ in free or ()):
             off = self._hopeless or self.off_streak < self.probe_interval  # nothing verified since: same answer
             self._probing = not off
         else:
@@ -627,7 +628,7 @@ class AdaptiveState:
                         continue
                     confidence = self.confidence.pop(rid, None)
                     nodes = list(range(accepted)) if paths is None else paths[row][:accepted]
-                    copy = None if self.free_drafts is None else self.free_drafts.judged(rid, nodes, promoted)
+                    copy = None if self.free_drafts is None else self.free_drafts.judged(rid, nodes)
                     if copy is not None and copy.drafter_nodes == 0:
                         self.policies[rid].observe_promotions(promoted)  # the lossy budget is the request's
                         continue  # a free draft: its source's estimates, not the drafter's
