@@ -92,11 +92,14 @@ the backlog would keep a batch off for good once it had been off a while (the ba
 step off); never charged, a batch at 2 CPU cores turned a drafter that did not pay back on every few steps,
 each time for a catch-up pass over hundreds to thousands of rows (1.5-6 s a step, where a plain step took
 0.5 s). After the first pass (how deep?) the catch-up is paid and ``catch_up`` is 0.
-Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1, catch-up included,
-with T not capped by the stretches (a drafter that is always right is never turned off, so its stretch lasts
-as long as the batch has tokens ahead): when even such a drafter loses to plain decoding at this batch size on
-these costs, no acceptance estimate can change the answer, and a probe (which pays the drafter's catch-up)
-buys nothing.
+Whether looking again can ever pay (``could_pay``) is the same plan with every p_i = 1, catch-up and the
+step's free drafts included, with T not capped by the stretches (a drafter that is always right is never
+turned off, so its stretch lasts as long as the batch has tokens ahead): when even such a drafter loses to
+plain decoding, or to the copies on offer, at this batch size on these costs, no acceptance estimate can
+change the answer, and a probe (which pays the drafter's catch-up) buys nothing. (Edit workload, batch 1:
+without the copies in it, a request whose 8-token copies were accepted whole step after step was probed
+every 16 steps, each probe a first pass over the 150-410 tokens the drafter had missed, 0.4-0.95 s, beside
+steps of 0.2 s.)
 
 Re-planned after every drafter pass (``continue_chains``, chains): after j passes request i's chain holds j
 drafted tokens, each with its own fused estimate p_i,k (from that token's confidence, as p_i is from the first
@@ -493,12 +496,19 @@ def copy_yield(first, cont, length):
     return float(out) if np.ndim(out) == 0 else out
 
 
-def could_pay(costs: StepCosts, batch: int, max_depth: int, catch_up: float = 0.0) -> bool:
-    """Whether any speculation could beat plain decoding for ``batch`` requests on ``costs`` after a
-    catch-up of ``catch_up`` seconds per emitted token: the plan with every acceptance estimate 1 (a
-    drafter that is never wrong) drafts something. True while the cost model is not ready (nothing rules
-    looking out yet)."""
-    plan = plan_depths([1.0] * batch, costs, 1, max_depth, catch_up=catch_up)
+def could_pay(
+    costs: StepCosts,
+    batch: int,
+    max_depth: int,
+    catch_up: float = 0.0,
+    free: Sequence[tuple[int, float, float]] | None = None,
+) -> bool:
+    """Whether the drafter could beat the step's best plan without it for ``batch`` requests on ``costs``
+    after a catch-up of ``catch_up`` seconds per emitted token: the plan with every acceptance estimate 1 (a
+    drafter that is never wrong) runs a drafter pass. The plan without it is plain decoding, or with free
+    drafts ``free`` ((L_i, f_i, c_i) per request, as ``plan_depths``) those copies. True while the cost model
+    is not ready (nothing rules looking out yet)."""
+    plan = plan_depths([1.0] * batch, costs, 1, max_depth, catch_up=catch_up, free=free)
     return plan is None or plan.passes > 0
 
 

@@ -232,6 +232,32 @@ def test_free_drafts_alone_run_no_drafter_pass_and_feed_their_own_estimates():
     assert c0 == pytest.approx((3 * 1.0 + 8 * 0.75) / 11) and c1 == pytest.approx((1 * 0.0 + 8 * 0.75) / 9)
 
 
+def test_no_probe_runs_beside_copies_that_even_a_never_wrong_drafter_could_not_beat():
+    # The back-off test's costs, where a probe would be due every 16 steps off: while the request's whole
+    # 4-token copy is accepted every step, a drafter that was never wrong could add nothing but its passes,
+    # so none runs; once the copies stop, the probes come back.
+    state = _free_state(batch=1, draft=0.01, prior_acceptance=0.0)
+    for _ in range(8):  # earlier requests' copies held: the pooled rates a new request's copy starts from
+        state.free_drafts.pooled_first.observe(1, 1)
+        state.free_drafts.pooled_continued.observe(3, 3)
+    for _ in range(100):
+        _offer(state)
+        assert state.drafter_off()
+        assert state.with_free_drafts([[]]) == [[4, 5, 6, 1]]
+        with state.verifying([4]) as verification:
+            verification.num_accepted, verification.num_promoted = [4], [0]
+    state._runner.input_batch.token_ids_cpu[:] = np.arange(100, 124)  # nothing repeats: no copy on offer
+    offs = []
+    for _ in range(40):
+        _offer(state)
+        assert state.free_drafts.offers["r0"][0] == []
+        offs.append(state.drafter_off())
+        if not offs[-1]:
+            state.policies["r0"].observe(1, 0, 0)
+            state.pooled.observe(1, 0)
+    assert not all(offs)
+
+
 def test_in_tree_mode_a_copy_is_one_more_branch_and_is_judged_on_its_own_path():
     import torch
 

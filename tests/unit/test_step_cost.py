@@ -172,6 +172,16 @@ def test_a_backlog_the_tokens_ahead_cannot_repay_keeps_the_drafter_off():
     assert not could_pay(costs, 4, 4, catch_up_per_token(costs, 4, 600, 5.0))
 
 
+def test_no_probe_pays_beside_copies_a_perfect_drafter_could_not_beat():
+    # The costs above, where a drafter at 60% pays: every request holding a whole 8-token copy that is
+    # always accepted leaves even a never-wrong drafter nothing to add but its passes; a short, unsure copy
+    # leaves it room.
+    costs = _costs(per_token=0.0, base=1.0, draft=0.2, fixed=0.05, draft_per_row=0.002)
+    assert could_pay(costs, 4, 8)
+    assert not could_pay(costs, 4, 8, free=[(8, 1.0, 1.0)] * 4)
+    assert could_pay(costs, 4, 8, free=[(2, 0.5, 0.5)] * 4)
+
+
 @given(st.lists(st.integers(0, 50), max_size=10), st.integers(0, 60), st.integers(0, 80))
 @FAST
 def test_output_lengths_expect_the_mean_remainder_of_the_longer_finished_requests(lengths, n, m):

@@ -419,9 +419,10 @@ class AdaptiveState:
         others' backlogs wait), drafts ``min_depth`` once, to refresh the estimates: the pooled acceptance every
         request without a judged draft of its own starts from, and its own. A probe after which the plan still says
         off doubles the interval (up to ``probe_every * PROBE_BACKOFF``); a plan that drafts resets it to
-        ``probe_every``. A batch that cannot gain from speculation even with a drafter that is never wrong
-        (``step_cost.could_pay`` on the measured costs, its catch-up priced over every token the batch has ahead: such
-        a drafter is never turned off, so the cap by recent stretches does not apply to it) is not probed: no
+        ``probe_every``. A batch that cannot gain from the drafter even if it were never wrong, over plain decoding
+        or the step's copies (``step_cost.could_pay`` on the measured costs, its catch-up priced over every token the
+        batch has ahead: such a drafter is never turned off, so the cap by recent stretches does not apply to it) is
+        not probed: no
         estimate could change that answer, and a probe would pay the drafter's catch-up for nothing (while the same
         batch stays off its backlog grows and what it has ahead shrinks, so that answer holds until the batch
         changes). Priced over the capped T instead, the verdict sealed itself: no stretch ran, so the cap that
@@ -469,7 +470,7 @@ class AdaptiveState:
                 perfect = 0.0 if rows is None else catch_up_per_token(
                     self.step_costs, len(req_ids), rows, self.tokens_ahead(req_ids, stretches=False)
                 )  # fmt: skip
-                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth, perfect)
+                self._hopeless = not could_pay(self.step_costs, len(req_ids), cfg.max_depth, perfect, free=free)
                 off = self._hopeless or self.off_streak < self.probe_interval
                 self._probing = not off
                 if off:  # free drafts, if the plan took any, are this step's only drafts
