@@ -471,7 +471,7 @@ def _brute_force_monotone_fit(values, weights):
         if any(a > b + 1e-12 for a, b in zip(fit, fit[1:])):
             continue
         error = sum(w * (v - f) ** 2 for v, w, f in zip(values, weights, fit))
-        if best is None or error < best[0] - 1e-12:
+        if best is None or error < best[0] * (1 - 1e-9):  # relative: values ~1e-7 have errors ~1e-14
             best = (error, fit)
     return best[1]
 
