@@ -582,6 +582,11 @@ class PooledAcceptance:
     def rate(self) -> float | None:
         return self._history.acceptance_rate if self._history.judged else None
 
+    @property
+    def judged(self) -> int:
+        """Judged positions in the window (what ``rate`` is over)."""
+        return self._history.judged
+
     def __len__(self) -> int:
         """Drafts in the window."""
         return len(self._history)

@@ -224,12 +224,39 @@ def test_free_drafts_alone_run_no_drafter_pass_and_feed_their_own_estimates():
     assert copies.continued["r0"].acceptance_rate == 1.0 and copies.continued["r1"].acceptance_rate == 0.0
     assert state.policies["r0"].judged == 0  # the drafter's history is not touched by copies
     assert copies.pooled_first.rate() == 1.0 and copies.pooled_continued.rate() == 3 / 4
-    # The next estimates: f from the match length's calibration and the first-token history, c shrunk toward the
-    # pool (8 prior positions at 3/4): r0 (3 judged at 1.0) above r1 (1 judged at 0.0).
+    # The next estimates, every rate shrunk with 8 prior positions: the pools toward prior_acceptance (0.6), f from
+    # the match length's calibration and the first-token history (each shrunk toward the first-token pool), c
+    # toward the continuation pool: r0 (3 judged at 1.0) above r1 (1 judged at 0.0).
     _offer(state)
     (n0, f0, c0), (n1, f1, c1) = copies.estimates(["r0", "r1"])
-    assert n0 == n1 == 4 and f0 == f1 == 1.0
-    assert c0 == pytest.approx((3 * 1.0 + 8 * 0.75) / 11) and c1 == pytest.approx((1 * 0.0 + 8 * 0.75) / 9)
+    pool_first, pool_continued = (2 * 1.0 + 8 * 0.6) / 10, (4 * 0.75 + 8 * 0.6) / 12
+    w = state.config.confidence_weight
+    assert n0 == n1 == 4
+    assert f0 == f1 == pytest.approx(w * (2 + 8 * pool_first) / 10 + (1 - w) * (1 * 1.0 + 8 * pool_first) / 9)
+    assert c0 == pytest.approx((3 * 1.0 + 8 * pool_continued) / 11)
+    assert c1 == pytest.approx((1 * 0.0 + 8 * pool_continued) / 9)
+
+
+def test_one_rejected_copy_does_not_rule_out_every_later_copy():
+    # The run's first copy is rejected at its first token. Unshrunk, that set the pooled and the request's
+    # first-token rates to 0: f = 0 for every later copy of every request, so none was chosen or judged again.
+    # Shrunk, one rejection moves each rate by 1/9 of the way, and with a drafter as dear as a forward the
+    # next step still drafts the copies.
+    state = _free_state(batch=2, draft=0.05)
+    _offer(state)
+    assert state.drafter_off()
+    assert state.with_free_drafts([[], []]) == [[4, 5, 6, 1]] * 2
+    with state.verifying([4, 4]) as verification:
+        verification.num_accepted, verification.num_promoted = [0, 0], [0, 0]
+    copies = state.free_drafts
+    assert copies.pooled_first.rate() == 0.0 and copies.first["r0"].acceptance_rate == 0.0
+    _offer(state)
+    pool_first = (2 * 0.0 + 8 * 0.6) / 10
+    (_, f0, _), _ = copies.estimates(["r0", "r1"])
+    w = state.config.confidence_weight
+    assert f0 == pytest.approx(w * (0 + 8 * pool_first) / 10 + (1 - w) * (1 * 0.0 + 8 * pool_first) / 9)
+    assert state.drafter_off()
+    assert state.with_free_drafts([[], []]) == [[4, 5, 6, 1]] * 2
 
 
 def test_no_probe_runs_beside_copies_that_even_a_never_wrong_drafter_could_not_beat():

@@ -21,17 +21,26 @@ time, each later one 96% of the time given the one before it; read as one per-po
 would have done alone):
 
     m_i      match length of this step's free draft (longer matches are likelier copies)
-    h_i      the request's rolling acceptance of its copies' first tokens (a ``SequencePolicy`` window); before
-             its first judged copy, the pooled rate of every request's copies (``PooledAcceptance``), else
-             ``prior_acceptance``
-    cal(m)   observed acceptance of the first free token at match length m, shrunk toward that pooled rate
-             while the length has few observations (``step_cost.ShrunkAcceptance``):
-                 cal(m) = (accepted_m + prior_weight * pool_first) / (judged_m + prior_weight)
+    k        ``prior_weight`` (8): how many judged tokens a prior counts as
+    pool_1   the pooled rate of every request's copies' first tokens (``PooledAcceptance``, n judged), shrunk
+             toward ``prior_acceptance`` while n is small: (n * rate + k * prior_acceptance) / (n + k)
+    h_i      the request's rolling acceptance of its copies' first tokens (a ``SequencePolicy`` window, n_i
+             judged), shrunk toward the pool: (n_i * rate_i + k * pool_1) / (n_i + k)
+    cal(m)   observed acceptance of the first free token at match length m, shrunk toward the pool while
+             the length has few observations (``step_cost.ShrunkAcceptance``):
+                 cal(m) = (accepted_m + k * pool_1) / (judged_m + k)
     f_i      = w * cal(m_i) + (1 - w) * h_i,   w = ``confidence_weight``: the first copied token's chance
+    pool_c   the pooled rate of every request's tokens after an accepted first one, shrunk toward
+             ``prior_acceptance`` as pool_1 is
     c_i      a later copied token's chance given the one before it was accepted: the request's rolling
-             per-position acceptance of the tokens after an accepted first one, n_i judged, shrunk toward the
-             pooled rate of every request's (``prior_acceptance`` before any) while n_i is small:
-                 c_i = (n_i * rate_i + prior_weight * pool_continued) / (n_i + prior_weight)
+             per-position acceptance of the tokens after an accepted first one, n_i judged, shrunk toward
+             the pool while n_i is small:
+                 c_i = (n_i * rate_i + k * pool_c) / (n_i + k)
+
+Every rate is shrunk, not only the per-length ones: unshrunk, the first copy of a run that was rejected set the
+pooled and the request's first-token rates to 0, so f_i = 0 for every later copy of every request, none was
+chosen and none judged again (quote workload, batch 1: the drafter ran over each answer's ~250-token prompt
+instead, 0.3-0.5 s, for answers of ~15 tokens that copy the passage).
 
 so the k-th token of request i's copy is accepted with chance f_i * c_i^(k - 1).
 ``step_cost.plan_depths`` then chooses per request between the free draft (L_i tokens, f_i, c_i) and the
@@ -97,11 +106,9 @@ class FreeDrafts:
 
     def estimates(self, req_ids: list[str]) -> list[tuple[int, float, float]]:
         """(L_i, f_i, c_i) per request for ``step_cost.plan_depths`` (module docstring)."""
-        prior = self.config.prior_acceptance
-        pool_first, pool_continued = self.pooled_first.rate(), self.pooled_continued.rate()
-        pool_first = prior if pool_first is None else pool_first
-        pool_continued = prior if pool_continued is None else pool_continued
-        w, k = self.config.confidence_weight, self.prior_weight
+        prior, w = self.config.prior_acceptance, self.config.confidence_weight
+        pool_first = self._shrunk(self.pooled_first.judged, self.pooled_first.rate(), prior)  # pool_1
+        pool_continued = self._shrunk(self.pooled_continued.judged, self.pooled_continued.rate(), prior)  # pool_c
         out = []
         for rid in req_ids:
             tokens, length = self.offers.get(rid, ([], 0))
@@ -109,11 +116,16 @@ class FreeDrafts:
                 out.append((0, 0.0, 0.0))
                 continue
             first, continued = self.first[rid], self.continued[rid]
-            history = pool_first if first.judged == 0 else first.acceptance_rate
-            n = continued.judged
-            cont = (n * continued.acceptance_rate + k * pool_continued) / (n + k)
+            history = self._shrunk(first.judged, first.acceptance_rate, pool_first)  # h_i
+            cont = self._shrunk(continued.judged, continued.acceptance_rate, pool_continued)  # c_i
             out.append((len(tokens), w * self.calibration.rate(length, pool_first) + (1.0 - w) * history, cont))
         return out
+
+    def _shrunk(self, judged: int, rate: float | None, prior: float) -> float:
+        """(n * rate + k * prior) / (n + k) of the module docstring; the prior alone before anything was judged."""
+        if not judged or rate is None:
+            return prior
+        return (judged * rate + self.prior_weight * prior) / (judged + self.prior_weight)
 
     def choose(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
         """The plan drafts request i's first ``depths[i]`` free tokens where ``free[i]``."""
