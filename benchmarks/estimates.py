@@ -97,10 +97,8 @@ def install_recorder(worker, sink_name: str) -> None:
         branch = judged(rid, accepted_nodes)
         if branch is not None and rid in read_copies:
             f, c = read_copies[rid]
-            path, held = branch.path, 0
-            while held < min(len(accepted_nodes), len(path)) and accepted_nodes[held] == path[held]:
-                held += 1
-            for k in range(1, min(len(path), held + 1) + 1):  # a token after a failed one is never judged
+            held = branch.held(accepted_nodes)
+            for k in range(1, min(len(branch.path), held + 1) + 1):  # a token after a failed one is never judged
                 copy_records.append({"k": k, "estimate": f if k == 1 else c, "accepted": k <= held})
         return branch
 

@@ -592,6 +592,16 @@ class PooledAcceptance:
         return len(self._history)
 
 
+def shrunk_rate(judged: int, rate: float | None, prior: float, weight: float) -> float:
+    """An observed rate over ``judged`` trials shrunk toward ``prior``, counted as ``weight`` trials:
+    (judged * rate + weight * prior) / (judged + weight); the prior alone before any trial (``rate`` None).
+
+    Worked example: 2 trials at 1.0, prior 0.6 at weight 8 -> (2 + 4.8) / 10 = 0.68."""
+    if not judged or rate is None:
+        return prior
+    return (judged * rate + weight * prior) / (judged + weight)
+
+
 class ShrunkAcceptance:
     """The observed acceptance of a draft's first token per bin, shrunk toward a prior while the bin has
     few observations:

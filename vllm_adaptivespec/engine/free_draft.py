@@ -21,28 +21,29 @@ time, each later one 96% of the time given the one before it; read as one per-po
 would have done alone):
 
     m_i      match length of this step's free draft (longer matches are likelier copies)
-    k        ``prior_weight`` (8): how many judged tokens a prior counts as
+    W        ``prior_weight`` (8): how many judged tokens a prior counts as
     pool_1   the pooled rate of every request's copies' first tokens (``PooledAcceptance``, n judged), shrunk
-             toward ``prior_acceptance`` while n is small: (n * rate + k * prior_acceptance) / (n + k)
+             toward ``prior_acceptance`` while n is small: (n * rate + W * prior_acceptance) / (n + W)
     h_i      the request's rolling acceptance of its copies' first tokens (a ``SequencePolicy`` window, n_i
-             judged), shrunk toward the pool: (n_i * rate_i + k * pool_1) / (n_i + k)
+             judged), shrunk toward the pool: (n_i * rate_i + W * pool_1) / (n_i + W)
     cal(m)   observed acceptance of the first free token at match length m, shrunk toward the pool while
              the length has few observations (``step_cost.ShrunkAcceptance``):
-                 cal(m) = (accepted_m + k * pool_1) / (judged_m + k)
+                 cal(m) = (accepted_m + W * pool_1) / (judged_m + W)
     f_i      = w * cal(m_i) + (1 - w) * h_i,   w = ``confidence_weight``: the first copied token's chance
     pool_c   the pooled rate of every request's tokens after an accepted first one, shrunk toward
              ``prior_acceptance`` as pool_1 is
     c_i      a later copied token's chance given the one before it was accepted: the request's rolling
              per-position acceptance of the tokens after an accepted first one, n_i judged, shrunk toward
              the pool while n_i is small:
-                 c_i = (n_i * rate_i + k * pool_c) / (n_i + k)
+                 c_i = (n_i * rate_i + W * pool_c) / (n_i + W)
+
+so the k-th token of request i's copy is accepted with chance f_i * c_i^(k - 1).
 
 Every rate is shrunk, not only the per-length ones: unshrunk, the first copy of a run that was rejected set the
 pooled and the request's first-token rates to 0, so f_i = 0 for every later copy of every request, none was
 chosen and none judged again (quote workload, batch 1: the drafter ran over each answer's ~250-token prompt
 instead, 0.3-0.5 s, for answers of ~15 tokens that copy the passage).
 
-so the k-th token of request i's copy is accepted with chance f_i * c_i^(k - 1).
 ``step_cost.plan_depths`` then chooses per request between the free draft (L_i tokens, f_i, c_i) and the
 drafter (p_i), and runs no drafter pass at all when every draft of the step is free.
 
@@ -68,7 +69,7 @@ import numpy as np
 
 from vllm_adaptivespec.config import AdaptiveSpecConfig
 from vllm_adaptivespec.policy import PolicyBank
-from vllm_adaptivespec.step_cost import PooledAcceptance, ShrunkAcceptance
+from vllm_adaptivespec.step_cost import PooledAcceptance, ShrunkAcceptance, shrunk_rate
 from vllm_adaptivespec.tree import merge_chain
 
 
@@ -80,6 +81,14 @@ class FreeBranch:
     length: int
     path: list[int]
     drafter_nodes: int = 0
+
+    def held(self, accepted_nodes: list[int]) -> int:
+        """How many of the copy's tokens the verified draft kept: the accepted path's (``accepted_nodes``, in
+        order) common prefix with the copy's path."""
+        held = 0
+        while held < min(len(accepted_nodes), len(self.path)) and accepted_nodes[held] == self.path[held]:
+            held += 1
+        return held
 
 
 class FreeDrafts:
@@ -106,9 +115,9 @@ class FreeDrafts:
 
     def estimates(self, req_ids: list[str]) -> list[tuple[int, float, float]]:
         """(L_i, f_i, c_i) per request for ``step_cost.plan_depths`` (module docstring)."""
-        prior, w = self.config.prior_acceptance, self.config.confidence_weight
-        pool_first = self._shrunk(self.pooled_first.judged, self.pooled_first.rate(), prior)  # pool_1
-        pool_continued = self._shrunk(self.pooled_continued.judged, self.pooled_continued.rate(), prior)  # pool_c
+        prior, w, weight = self.config.prior_acceptance, self.config.confidence_weight, self.prior_weight
+        pool_first = shrunk_rate(self.pooled_first.judged, self.pooled_first.rate(), prior, weight)  # pool_1
+        pool_continued = shrunk_rate(self.pooled_continued.judged, self.pooled_continued.rate(), prior, weight)  # pool_c
         out = []
         for rid in req_ids:
             tokens, length = self.offers.get(rid, ([], 0))
@@ -116,16 +125,10 @@ class FreeDrafts:
                 out.append((0, 0.0, 0.0))
                 continue
             first, continued = self.first[rid], self.continued[rid]
-            history = self._shrunk(first.judged, first.acceptance_rate, pool_first)  # h_i
-            cont = self._shrunk(continued.judged, continued.acceptance_rate, pool_continued)  # c_i
+            history = shrunk_rate(first.judged, first.acceptance_rate, pool_first, weight)  # h_i
+            cont = shrunk_rate(continued.judged, continued.acceptance_rate, pool_continued, weight)  # c_i
             out.append((len(tokens), w * self.calibration.rate(length, pool_first) + (1.0 - w) * history, cont))
         return out
-
-    def _shrunk(self, judged: int, rate: float | None, prior: float) -> float:
-        """(n * rate + k * prior) / (n + k) of the module docstring; the prior alone before anything was judged."""
-        if not judged or rate is None:
-            return prior
-        return (judged * rate + self.prior_weight * prior) / (judged + self.prior_weight)
 
     def choose(self, req_ids: list[str], depths: list[int], free: list[bool] | None) -> None:
         """The plan drafts request i's first ``depths[i]`` free tokens where ``free[i]``."""
@@ -175,9 +178,7 @@ class FreeDrafts:
         branch = self.judging.pop(rid, None)
         if branch is None:
             return None
-        accepted = 0
-        while accepted < min(len(accepted_nodes), len(branch.path)) and accepted_nodes[accepted] == branch.path[accepted]:
-            accepted += 1
+        accepted = branch.held(accepted_nodes)
         self.first[rid].observe(1, min(1, accepted), 0)
         self.pooled_first.observe(1, min(1, accepted))
         if accepted >= 1 and len(branch.path) >= 2:  # the tokens after an accepted first one

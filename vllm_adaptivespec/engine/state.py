@@ -36,6 +36,7 @@ from vllm_adaptivespec.step_cost import (
     copy_yield,
     could_pay,
     plan_depths,
+    shrunk_rate,
 )
 from vllm_adaptivespec.tree import DraftTrees
 
@@ -376,8 +377,7 @@ class AdaptiveState:
         drafted tokens were accepted, kept the drafter off for the next 16 steps, every few requests)."""
         policy = self.policies[rid]
         prior = self.config.prior_acceptance if pooled is None else pooled
-        n = policy.judged
-        return (n * policy.acceptance_rate + HISTORY_PRIOR_WEIGHT * prior) / (n + HISTORY_PRIOR_WEIGHT)
+        return shrunk_rate(policy.judged, policy.acceptance_rate, prior, HISTORY_PRIOR_WEIGHT)
 
     def _cost_probe(self, batch: int) -> bool:
         """Whether this step decodes plainly, no drafts at all, to re-measure plain decoding's forward: the
