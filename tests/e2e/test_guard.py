@@ -30,8 +30,10 @@ GUARD = {"max_promotions_per_step": PER_STEP, "max_promotions_per_window": PER_W
          "promotion_min_acceptance": 0.0}  # the two budgets under test, without the agreement floor
 NO_GUARD = {"max_promotions_per_step": 4, "max_promotions_per_window": 1_000_000, "history_window": WINDOW,
             "promotion_min_acceptance": 0.0}
-# Drafts on every step (the tiny drafter costs what the tiny target does, so the plan would switch them off).
-DRAFT = {"allow_off": False, "tau": 0.3, "max_depth": 4}
+# The drafter drafts on every step (the tiny drafter costs what the tiny target does, so the plan would switch it
+# off), and no copies stand in for its drafts (the n-gram copies are priced from timings, so how many steps the
+# drafter's disagreeing drafts reach would vary from run to run).
+DRAFT = {"allow_off": False, "tau": 0.3, "max_depth": 4, "free_drafter": "off"}
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time there was", "for i in range(10):",
            "import numpy as np\n", "Dear Sir or Madam,"]  # fmt: skip
 ARGS = ("--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4", "--distributed-executor-backend", "uni",
@@ -52,7 +54,8 @@ def servers(start_servers, tmp_path_factory):
         chain={**models, "NUM_SPEC_TOKENS": "4", "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **GUARD})},
         tree={**models, "NUM_SPEC_TOKENS": "12",
               "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **GUARD, "mode": "tree", "max_width": 3})},
-        unguarded={**models, "NUM_SPEC_TOKENS": "4", "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **NO_GUARD})},
+        unguarded={**models, "NUM_SPEC_TOKENS": "4",
+                   "ADAPTIVESPEC_CONFIG": json.dumps({**DRAFT, **NO_GUARD, "min_depth": 4})},  # every step 4 deep
         defaults={**models, "NUM_SPEC_TOKENS": "4", "ADAPTIVESPEC_CONFIG": json.dumps(DRAFT)},
     )  # fmt: skip
     started["vocab_size"] = json.loads((root / "target" / "config.json").read_text())["vocab_size"]
