@@ -191,3 +191,15 @@ def test_overrides_change_only_the_named_adaptivespec_settings_and_bad_ones_fail
     assert swept.tau == 0.5 and swept.adaptivespec["tau"] == 0.5 and swept.adaptivespec["max_depth"] == 4
     with pytest.raises(ValueError, match="swept over tau"):
         build_with_overrides("adaptive", DRAFT_PATH)
+    # k: vLLM's num_speculative_tokens, of any speculative row
+    deeper = build_with_overrides("policy-only+k=24+max_depth=24", DRAFT_PATH)
+    assert deeper.speculative_config == {**plain.speculative_config, "num_speculative_tokens": 24}
+    assert deeper.adaptivespec == {**plain.adaptivespec, "max_depth": 24}
+    k2 = build(next(r for r in TABLE if r.name == "static-k2"), DRAFT_PATH)
+    static = build_with_overrides("static-k2+k=3", DRAFT_PATH)
+    assert static.speculative_config == {**k2.speculative_config, "num_speculative_tokens": 3}
+    assert static.depth == 3 and static.adaptivespec is None
+    with pytest.raises(ValueError, match="does not speculate"):
+        build_with_overrides("ar+k=4", DRAFT_PATH)
+    with pytest.raises(ValueError, match="positive integer"):
+        build_with_overrides("static-k2+k=0", DRAFT_PATH)

@@ -224,9 +224,11 @@ def build(row: Row, drafter: str | None, tau: float | None = None) -> BenchConfi
 
 def build_with_overrides(name: str, drafter: str | None) -> BenchConfig:
     """A row by name (``<row>@<tau>`` for a swept row), its AdaptiveSpec settings overridden after ``+`` (values
-    read as JSON, else as text): ``policy-only+allow_off=false+max_depth=4``, ``adaptive@0.5+max_depth=4``.
-    For experiments (``benchmarks/paired.py``); raises ValueError for an unknown row, a row without AdaptiveSpec
-    settings, or a bad value (naming the field)."""
+    read as JSON, else as text): ``policy-only+allow_off=false+max_depth=4``, ``adaptive@0.5+max_depth=4``; ``k=<n>``
+    sets vLLM's ``num_speculative_tokens`` of any speculative row instead (``suffix+k=24``: vLLM's own default
+    ceiling for suffix decoding). For experiments (``benchmarks/paired.py``); raises ValueError for an unknown row,
+    a setting the row does not have (AdaptiveSpec settings on a stock row, ``k`` on ``ar``) or a bad value (naming
+    the field)."""
     from dataclasses import replace
 
     from vllm_adaptivespec.config import AdaptiveSpecConfig
@@ -242,17 +244,26 @@ def build_with_overrides(name: str, drafter: str | None) -> BenchConfig:
     config = build(ROWS[row_name], drafter, tau)
     if not overrides:
         return config
-    if config.adaptivespec is None:
-        raise ValueError(f"{row_name!r} is not an AdaptiveSpec row: it has no settings to override")
-    settings = dict(config.adaptivespec)
+    settings, speculative = dict(config.adaptivespec or {}), dict(config.speculative_config or {})
     for item in overrides:
         key, _, text = item.partition("=")
+        if key == "k":
+            if not speculative:
+                raise ValueError(f"{row_name!r} does not speculate: it has no num_speculative_tokens (k) to override")
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"k (num_speculative_tokens) must be a positive integer (got {text!r})")
+            speculative["num_speculative_tokens"] = int(text)
+            continue
+        if config.adaptivespec is None:
+            raise ValueError(f"{row_name!r} is not an AdaptiveSpec row: it has no settings to override ({key})")
         try:
             settings[key] = json.loads(text)
         except ValueError:
             settings[key] = text
-    AdaptiveSpecConfig.parse(settings)  # raises with one line per bad field
-    return replace(config, name=name, adaptivespec=settings)
+    if config.adaptivespec is not None:
+        AdaptiveSpecConfig.parse(settings)  # raises with one line per bad field
+    return replace(config, name=name, adaptivespec=settings or None, speculative_config=speculative or None,
+                   depth=speculative.get("num_speculative_tokens") if config.depth is not None else None)
 
 
 def known_names() -> list[str]:
