@@ -347,7 +347,7 @@ def verify_sampled(
         q_token = torch.where(valid, draft_probs[batch_index, node_index.expand(batch, slots), tokens].float(), 1.0)
         pass_prob = p_token / q_token.clamp(min=1e-30)
     if uniforms is None:
-        uniforms = uniform_draws(batch, slots, generator, generators, device)
+        uniforms = uniform_draws(batch, slots, generator, generators, device, row_counts=valid.sum(1))
     passed = valid & (uniforms < pass_prob)
     first_pass = passed & ~(earlier & passed.unsqueeze(1)).any(-1)
 
@@ -396,12 +396,18 @@ def uniform_draws(
     generators: dict[int, torch.Generator] | None,
     device,
     dtype: torch.dtype = torch.float32,
+    # [batch] long or None: draws a seeded row takes from its own generator (None: ``count`` each)
+    row_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[batch, count] uniforms in [0, 1): row i from ``generators[i]`` when it has one, so a seeded
-    request's draws depend on its seed alone, not on the batch it shares; the rest from ``generator``."""
+    """[batch, count] uniforms in [0, 1): row i from ``generators[i]`` when it has one, the rest from
+    ``generator``. A seeded row takes only its own ``row_counts[i]`` draws (its tree's nodes), not the padded
+    ``count`` the batch's largest tree sets, so its stream depends on its seed and its own drafts alone, not on
+    the batch it shares (as vLLM's rejection sampler draws one uniform per draft token of the request)."""
     draws = torch.rand(batch, count, generator=generator, device=device, dtype=dtype)
+    counts = row_counts.tolist() if row_counts is not None and generators else None
     for row, own in (generators or {}).items():
-        draws[row] = torch.rand(count, generator=own, device=device, dtype=dtype)
+        n = count if counts is None else int(counts[row])
+        draws[row, :n] = torch.rand(n, generator=own, device=device, dtype=dtype)
     return draws
 
 

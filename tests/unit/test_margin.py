@@ -435,6 +435,22 @@ def test_seeded_rows_draw_from_their_own_generators():
     assert len(unseeded) > 1
 
 
+def test_a_seeded_rows_draws_do_not_depend_on_how_wide_the_batch_is_padded():
+    """A seeded row verifies its 3-token chain the same way, and leaves its generator in the same state, whether
+    its neighbour's draft pads the batch to 8 nodes or to 3 (the neighbour's copy length varies step to step)."""
+    gen = torch.Generator().manual_seed(5)
+    probs = (torch.randn(2, 9, 64, generator=gen) * 0.5).softmax(-1)
+    tokens = torch.randint(0, 64, (2, 8), generator=gen)
+    outcomes = []
+    for width, neighbour in ((8, 8), (3, 1)):
+        own = torch.Generator().manual_seed(11)
+        trees = DraftTrees.chain(tokens[:, :width].clone(), torch.tensor([neighbour, 3]))
+        result = verify_sampled(probs[:, : width + 1].contiguous(), trees, generators={1: own})
+        outcomes.append((result.num_accepted[1].item(), tuple(result.output_tokens()[1, :4].tolist()),
+                         torch.rand(4, generator=own).tolist()))  # fmt: skip
+    assert outcomes[0] == outcomes[1]
+
+
 def _ragged(counts, gen, vocab=6, integer_logits=True):
     """Random chains on vLLM's ragged layout: drafts [T], logits [T, V], bonus [B]."""
     total = sum(counts)
