@@ -503,6 +503,91 @@ def test_ragged_greedy_chains_match_padded_verification_and_brute_force(integer_
             assert int(got.num_accepted[b]) == best_len
 
 
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_ragged_sampled_chains_match_padded_sampled_verification(with_draft_probs):
+    """`verify_sampled_chains` (ragged, no padded copy) takes the decisions `verify_sampled` takes on the same
+    chains padded to [B, K+1, V]: same per-draft uniforms, same accepted, promoted and next tokens, and a
+    seeded request's generator left in the same state. Integer logits keep p(draft) / p(top1) away from the
+    taus, and draws within 1e-4 of a pass probability are redrawn, so float rounding cannot split them."""
+    gen = torch.Generator().manual_seed(11)
+    rng = random.Random(11)
+    vocab = 6
+    seen = {"promoted": 0, "rejected": 0, "full": 0}
+    for case in range(600):
+        batch = rng.randint(1, 5)
+        max_spec = rng.randint(1, 6)
+        counts = [rng.randint(0, max_spec) for _ in range(batch)]
+        drafts, logits, bonus = _ragged(counts, gen)
+        total = sum(counts)
+        q = torch.rand(total, vocab, generator=gen).softmax(-1) if with_draft_probs else None
+        tau = torch.tensor([rng.choice([1.0, 0.9, 0.5, 0.2, 0.05]) for _ in range(batch)])
+        allowance = torch.tensor([rng.randint(0, 3) for _ in range(batch)])
+        probs = logits.double().softmax(-1)
+        pass_prob = probs.gather(1, drafts[:, None])[:, 0] / (q.double().gather(1, drafts[:, None])[:, 0] if q is not None else 1.0)
+        draws = torch.rand(total, generator=gen).double()
+        while bool(((draws - pass_prob).abs() < 1e-4).any()):
+            near = (draws - pass_prob).abs() < 1e-4
+            draws[near] = torch.rand(int(near.sum()), generator=gen).double()
+        seeded_row = rng.randrange(batch)
+        seed = rng.randrange(1000)
+        # Padded reference: rows after node i, then the bonus token as a one-hot row.
+        padded = torch.zeros(batch, max_spec + 1, vocab)
+        tokens = torch.zeros(batch, max_spec, dtype=torch.long)
+        padded_q = torch.zeros(batch, max_spec, vocab) if q is not None else None
+        padded_u = torch.ones(batch, max_spec, dtype=torch.float64)
+        offset = 0
+        for b, n in enumerate(counts):
+            padded[b, :n] = logits[offset : offset + n].softmax(-1)
+            tokens[b, :n] = drafts[offset : offset + n]
+            padded_u[b, :n] = draws[offset : offset + n]
+            if q is not None:
+                padded_q[b, :n] = q[offset : offset + n]
+            padded[b, n, bonus[b]] = 1.0
+            offset += n
+        results, states = [], []
+        for ragged in (True, False):
+            own = torch.Generator().manual_seed(seed)
+            shared = torch.Generator().manual_seed(case)
+            if ragged:
+                got = margin.verify_sampled_chains(
+                    drafts, logits, torch.tensor(counts), bonus[:, None], max_spec, tau, allowance, placeholder=-1,
+                    draft_probs=q, generator=shared, generators={seeded_row: own}, uniforms=draws.float(),
+                )  # fmt: skip
+                results.append((got.output_tokens.long().tolist(), got.num_accepted.tolist(), got.num_promoted.tolist()))
+            else:
+                want = verify_sampled(padded, DraftTrees.chain(tokens, torch.tensor(counts)), tau, allowance,
+                                      generator=shared, draft_probs=padded_q, uniforms=padded_u.float(),
+                                      generators={seeded_row: own})  # fmt: skip
+                out = torch.full((batch, max_spec + 1), -1, dtype=torch.long)
+                width = min(want.output_tokens().shape[1], max_spec + 1)
+                out[:, :width] = want.output_tokens()[:, :width]
+                results.append((out.tolist(), want.num_accepted.tolist(), want.num_promoted.tolist()))
+            states.append(torch.rand(3, generator=own).tolist())
+        assert results[0] == results[1], case
+        assert states[0] == states[1]
+        seen["promoted"] += sum(results[0][2])
+        seen["rejected"] += sum(a < n for a, n in zip(results[0][1], counts))
+        seen["full"] += sum(a == n > 0 for a, n in zip(results[0][1], counts))
+    assert min(seen.values()) > 20  # not vacuous: promotions, rejections and fully accepted chains all occur
+
+
+def test_ragged_sampled_chains_draw_a_seeded_requests_uniforms_from_its_generator():
+    """Without explicit uniforms a seeded request's 3 drafts are judged by its own generator's draws, one per
+    draft, then two for its next token, whether its neighbour drafts 0 tokens or 5."""
+    drafts, logits, bonus = _ragged([3], torch.Generator().manual_seed(4))
+    other_drafts, other_logits, other_bonus = _ragged([5], torch.Generator().manual_seed(5))
+    outcomes = []
+    for neighbour in (0, 5):
+        own = torch.Generator().manual_seed(9)
+        got = margin.verify_sampled_chains(
+            torch.cat([other_drafts[:neighbour], drafts]), torch.cat([other_logits[:neighbour], logits]),
+            torch.tensor([neighbour, 3]), torch.cat([other_bonus, bonus])[:, None], 5, torch.tensor([1.0, 1.0]),
+            torch.tensor([0, 0]), generator=torch.Generator().manual_seed(neighbour), generators={1: own},
+        )  # fmt: skip
+        outcomes.append((got.output_tokens[1].tolist(), got.num_accepted[1].item(), torch.rand(2, generator=own).tolist()))
+    assert outcomes[0] == outcomes[1]
+
+
 def test_ragged_greedy_chains_handle_an_empty_batch_of_drafts():
     got = margin.verify_greedy_chains(
         torch.zeros(0, dtype=torch.long), torch.zeros(0, 5), torch.tensor([0, 0]), torch.tensor([[3], [4]]), 2,

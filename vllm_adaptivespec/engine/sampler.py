@@ -26,8 +26,9 @@ Terms, per request (the ones of vLLM's `rejection_sampler.py` plus ours):
 Three paths, cheapest first:
 * chains that cannot promote (every request at tau 1 or out of allowance): vLLM's own
   `rejection_sample`, untouched; the accepted counts are read off its output;
-* greedy chains that may promote: `margin.verify_greedy_chains` on vLLM's ragged layout;
-* trees, and sampled chains that may promote: the padded `[B, N+1, V]` verifiers of `margin.py`.
+* chains that may promote: `margin.verify_greedy_chains` / `verify_sampled_chains` on vLLM's ragged layout
+  (no padded copy of the target's rows, no softmax over them);
+* trees: the padded `[B, N+1, V]` verifiers of `margin.py`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ from vllm.v1.sample import rejection_sampler as vllm_rejection
 from vllm_adaptivespec.engine import cpu_fixes
 from vllm_adaptivespec.engine.patching import ScopedSwap
 from vllm_adaptivespec.engine.state import AdaptiveState, Verification
-from vllm_adaptivespec.margin import verify_greedy, verify_greedy_chains, verify_sampled
+from vllm_adaptivespec.margin import (
+    ChainResult,
+    verify_greedy,
+    verify_greedy_chains,
+    verify_sampled,
+    verify_sampled_chains,
+)
 from vllm_adaptivespec.tree import DraftTrees
 
 _GREEDY_TEMPERATURE = getattr(vllm_rejection.GREEDY_TEMPERATURE, "value", vllm_rejection.GREEDY_TEMPERATURE)
@@ -155,10 +162,10 @@ def margin_rejection_sample(
         verification.overhead_seconds += time.perf_counter() - started
         return output
     started = time.perf_counter()
-    if verification.trees is None and sampling_metadata.all_greedy:
-        result = verify_greedy_chains(
-            draft_token_ids, target_logits, torch.tensor(num_draft_tokens), bonus_token_ids, max_spec_len,
-            verification.tau, verification.allowance, placeholder=_PLACEHOLDER,
+    if verification.trees is None:
+        result = _margin_chains(
+            verification, draft_token_ids, num_draft_tokens, max_spec_len, draft_probs, target_logits,
+            bonus_token_ids, sampling_metadata,
         )  # fmt: skip
         verification.num_accepted = result.num_accepted.tolist()
         verification.num_promoted = result.num_promoted.tolist()
@@ -170,6 +177,44 @@ def margin_rejection_sample(
     )  # fmt: skip
     verification.overhead_seconds += time.perf_counter() - started
     return output
+
+
+def _margin_chains(
+    verification: Verification,
+    # [num_tokens]: every request's drafts, concatenated
+    draft_token_ids: torch.Tensor,
+    # [batch_size]: drafts per request
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    # [num_tokens, vocab_size] or None (one-hot drafts)
+    draft_probs: torch.Tensor | None,
+    # [num_tokens, vocab_size] float32, processed for sampled requests
+    target_logits: torch.Tensor,
+    # [batch_size, 1]
+    bonus_token_ids: torch.Tensor,
+    sampling_metadata,
+) -> ChainResult:
+    """Chains that may promote, on vLLM's ragged layout: greedy requests by `verify_greedy_chains`, sampled
+    ones by `verify_sampled_chains` (a batch of both runs both and takes each request's own)."""
+    counts = torch.tensor(num_draft_tokens)
+    tau, allowance = verification.tau, verification.allowance
+    greedy = sampled = None
+    if not sampling_metadata.all_random:
+        greedy = verify_greedy_chains(draft_token_ids, target_logits, counts, bonus_token_ids, max_spec_len,
+                                      tau, allowance, placeholder=_PLACEHOLDER)  # fmt: skip
+    if not sampling_metadata.all_greedy:
+        sampled = verify_sampled_chains(
+            draft_token_ids, target_logits, counts, bonus_token_ids, max_spec_len, tau, allowance,
+            placeholder=_PLACEHOLDER, draft_probs=draft_probs, generators=sampling_metadata.generators,
+        )  # fmt: skip
+    if sampled is None or greedy is None:
+        return greedy or sampled
+    is_greedy = (sampling_metadata.temperature == _GREEDY_TEMPERATURE).to(counts.device)  # [B]
+    return ChainResult(
+        torch.where(is_greedy[:, None], greedy.output_tokens, sampled.output_tokens),
+        torch.where(is_greedy, greedy.num_accepted, sampled.num_accepted),
+        torch.where(is_greedy, greedy.num_promoted, sampled.num_promoted),
+    )
 
 
 def _padded_rejection_sample(
@@ -189,7 +234,7 @@ def _padded_rejection_sample(
     bonus_token_ids: torch.Tensor,
     sampling_metadata,
 ) -> torch.Tensor:
-    """Trees and sampled margin chains: the target rows padded to ``[B, max_spec_len + 1, V]`` for
+    """Trees: the target rows padded to ``[B, max_spec_len + 1, V]`` for
     `margin.verify_greedy` / `verify_sampled`; also records each request's accepted path."""
     device = target_logits.device
     batch, vocab = len(num_draft_tokens), target_logits.shape[-1]
