@@ -187,6 +187,50 @@ class ChainResult:
     num_promoted: torch.Tensor  # [B] of those, accepted by the margin rule alone
 
 
+def _ragged_layout(num_draft_tokens: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's ragged draft layout of ``num_draft_tokens`` [B]: (counts [B] long, each draft's request [T],
+    each request's first draft [B], each draft's index within its chain [T])."""
+    counts = num_draft_tokens.to(device=device, dtype=torch.long)
+    request = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts)  # [T]
+    start = torch.cumsum(counts, 0) - counts  # [B]
+    position = torch.arange(request.shape[0], device=device) - start[request]  # [T] index within its chain
+    return counts, request, start, position
+
+
+def _accept_chains(
+    # [T] bool: the draft is accepted without the margin rule (a match; a passed rejection test)
+    ok: torch.Tensor,
+    # () -> [T] float64: p(draft) / p(top1), called only when some request may promote
+    ratio,
+    counts: torch.Tensor,  # [B] long
+    request: torch.Tensor,  # [T] long
+    position: torch.Tensor,  # [T] long
+    tau: torch.Tensor,  # [B] float
+    promotion_allowance: torch.Tensor,  # [B] long
+    max_spec_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(accepted [B], of those promoted [B], kept [T]: the draft is on its request's accepted prefix).
+    A draft that is not ``ok`` is promoted when ``ratio >= tau`` while its request's promotions up to it stay
+    within the allowance; a request keeps its drafts up to the first that is neither."""
+    device, batch = ok.device, counts.shape[0]
+    promoted = torch.zeros_like(ok)
+    can_promote = (tau.to(device) < 1.0) & (promotion_allowance.to(device) > 0)  # [B]
+    if bool(can_promote.any()):
+        promotable = ~ok & can_promote[request] & (ratio() >= tau.to(device, torch.float64)[request])
+        per_request = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, promotable.long())
+        before = torch.cumsum(per_request, 0) - per_request  # [B] promotable drafts of earlier requests
+        used = torch.cumsum(promotable.long(), 0) - before[request]  # [T] promotions so far within its chain
+        promoted = promotable & (used <= promotion_allowance.to(device)[request])
+        ok = ok | promoted
+    # Accepted = index of the first draft that is not ok (the chain's length when all are).
+    first_bad = torch.where(ok, max_spec_len + 1, position)
+    num_accepted = torch.full((batch,), max_spec_len + 1, dtype=torch.long, device=device)
+    num_accepted = num_accepted.scatter_reduce(0, request, first_bad, reduce="amin").clamp(max=counts)
+    kept = position < num_accepted[request]
+    num_promoted = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, (promoted & kept).long())
+    return num_accepted, num_promoted, kept
+
+
 def verify_greedy_chains(
     # [num_tokens]: every request's drafts, concatenated (request 0's first)
     draft_token_ids: torch.Tensor,
@@ -220,31 +264,19 @@ def verify_greedy_chains(
     """
     device = target_logits.device
     batch = num_draft_tokens.shape[0]
-    counts = num_draft_tokens.to(device=device, dtype=torch.long)
-    request = torch.repeat_interleave(torch.arange(batch, device=device), counts)  # [T]
-    start = torch.cumsum(counts, 0) - counts  # [B]
-    position = torch.arange(request.shape[0], device=device) - start[request]  # [T] index within its chain
+    counts, request, _, position = _ragged_layout(num_draft_tokens, device)
     drafts = draft_token_ids.long()
     top = target_logits.argmax(-1)  # [T], first index on ties, like greedy decoding
     ok = drafts == top
-    promoted = torch.zeros_like(ok)
-    can_promote = (tau.to(device) < 1.0) & (promotion_allowance.to(device) > 0)  # [B]
-    if bool(can_promote.any()):
+
+    def ratio() -> torch.Tensor:  # [T] p(draft) / p(top1)
         token_logit = target_logits.gather(1, drafts[:, None])[:, 0].float()
         top_logit = target_logits.gather(1, top[:, None])[:, 0].float()
-        ratio = (token_logit - top_logit).double().exp()
-        promotable = ~ok & can_promote[request] & (ratio >= tau.to(device, torch.float64)[request])
-        per_request = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, promotable.long())
-        before = torch.cumsum(per_request, 0) - per_request  # [B] promotable drafts of earlier requests
-        used = torch.cumsum(promotable.long(), 0) - before[request]  # [T] promotions so far within its chain
-        promoted = promotable & (used <= promotion_allowance.to(device)[request])
-        ok = ok | promoted
-    # Accepted = index of the first draft that is not ok (the chain's length when all are).
-    first_bad = torch.where(ok, max_spec_len + 1, position)
-    num_accepted = torch.full((batch,), max_spec_len + 1, dtype=torch.long, device=device)
-    num_accepted = num_accepted.scatter_reduce(0, request, first_bad, reduce="amin").clamp(max=counts)
-    kept = position < num_accepted[request]
-    num_promoted = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, (promoted & kept).long())
+        return (token_logit - top_logit).double().exp()
+
+    num_accepted, num_promoted, kept = _accept_chains(
+        ok, ratio, counts, request, position, tau, promotion_allowance, max_spec_len
+    )
 
     output = torch.full((batch, max_spec_len + 1), placeholder, dtype=torch.int32, device=device)
     stop = position == num_accepted[request]  # the first rejected draft: the target's argmax replaces it
@@ -301,10 +333,7 @@ def verify_sampled_chains(
     """
     device = target_logits.device
     batch = num_draft_tokens.shape[0]
-    counts = num_draft_tokens.to(device=device, dtype=torch.long)
-    request = torch.repeat_interleave(torch.arange(batch, device=device), counts)  # [T]
-    start = torch.cumsum(counts, 0) - counts  # [B]
-    position = torch.arange(request.shape[0], device=device) - start[request]  # [T] index within its chain
+    counts, request, start, position = _ragged_layout(num_draft_tokens, device)
     drafts = draft_token_ids.long()
     # One fused softmax pass over the draft rows (on CPU 1.5x faster than a logsumexp, whose broadcast
     # subtraction is a slow separate pass), the pass vLLM's own random rejection sampler makes.
@@ -320,22 +349,10 @@ def verify_sampled_chains(
         for row, own in (generators or {}).items():
             first, n = int(start[row]), int(counts[row])
             uniforms[first : first + n] = torch.rand(n, generator=own, device=device)
-    ok = uniforms.double() < pass_prob
-    promoted = torch.zeros_like(ok)
-    can_promote = (tau.to(device) < 1.0) & (promotion_allowance.to(device) > 0)  # [B]
-    if bool(can_promote.any()):
-        ratio = (token_logit - target_logits.amax(-1).double()).exp()  # p(draft) / p(top1)
-        promotable = ~ok & can_promote[request] & (ratio >= tau.to(device, torch.float64)[request])
-        per_request = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, promotable.long())
-        before = torch.cumsum(per_request, 0) - per_request  # [B] promotable drafts of earlier requests
-        used = torch.cumsum(promotable.long(), 0) - before[request]  # [T] promotions so far within its chain
-        promoted = promotable & (used <= promotion_allowance.to(device)[request])
-        ok = ok | promoted
-    first_bad = torch.where(ok, max_spec_len + 1, position)
-    num_accepted = torch.full((batch,), max_spec_len + 1, dtype=torch.long, device=device)
-    num_accepted = num_accepted.scatter_reduce(0, request, first_bad, reduce="amin").clamp(max=counts)
-    kept = position < num_accepted[request]
-    num_promoted = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, request, (promoted & kept).long())
+    num_accepted, num_promoted, kept = _accept_chains(
+        uniforms.double() < pass_prob, lambda: (token_logit - target_logits.amax(-1).double()).exp(),
+        counts, request, position, tau, promotion_allowance, max_spec_len,
+    )  # fmt: skip
 
     # Next token: the residual at the first rejected draft; a one-hot of the bonus where every draft passed.
     full = num_accepted == counts  # [B]
