@@ -187,7 +187,9 @@ class ChainResult:
     num_promoted: torch.Tensor  # [B] of those, accepted by the margin rule alone
 
 
-def _ragged_layout(num_draft_tokens: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ragged_layout(
+    num_draft_tokens: torch.Tensor, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's ragged draft layout of ``num_draft_tokens`` [B]: (counts [B] long, each draft's request [T],
     each request's first draft [B], each draft's index within its chain [T])."""
     counts = num_draft_tokens.to(device=device, dtype=torch.long)

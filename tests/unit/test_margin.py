@@ -523,7 +523,8 @@ def test_ragged_sampled_chains_match_padded_sampled_verification(with_draft_prob
         tau = torch.tensor([rng.choice([1.0, 0.9, 0.5, 0.2, 0.05]) for _ in range(batch)])
         allowance = torch.tensor([rng.randint(0, 3) for _ in range(batch)])
         probs = logits.double().softmax(-1)
-        pass_prob = probs.gather(1, drafts[:, None])[:, 0] / (q.double().gather(1, drafts[:, None])[:, 0] if q is not None else 1.0)
+        q_draft = q.double().gather(1, drafts[:, None])[:, 0] if q is not None else 1.0
+        pass_prob = probs.gather(1, drafts[:, None])[:, 0] / q_draft
         draws = torch.rand(total, generator=gen).double()
         while bool(((draws - pass_prob).abs() < 1e-4).any()):
             near = (draws - pass_prob).abs() < 1e-4
@@ -553,7 +554,8 @@ def test_ragged_sampled_chains_match_padded_sampled_verification(with_draft_prob
                     drafts, logits, torch.tensor(counts), bonus[:, None], max_spec, tau, allowance, placeholder=-1,
                     draft_probs=q, generator=shared, generators={seeded_row: own}, uniforms=draws.float(),
                 )  # fmt: skip
-                results.append((got.output_tokens.long().tolist(), got.num_accepted.tolist(), got.num_promoted.tolist()))
+                out = got.output_tokens.long()
+                results.append((out.tolist(), got.num_accepted.tolist(), got.num_promoted.tolist()))
             else:
                 want = verify_sampled(padded, DraftTrees.chain(tokens, torch.tensor(counts)), tau, allowance,
                                       generator=shared, draft_probs=padded_q, uniforms=padded_u.float(),
@@ -584,7 +586,8 @@ def test_ragged_sampled_chains_draw_a_seeded_requests_uniforms_from_its_generato
             torch.tensor([neighbour, 3]), torch.cat([other_bonus, bonus])[:, None], 5, torch.tensor([1.0, 1.0]),
             torch.tensor([0, 0]), generator=torch.Generator().manual_seed(neighbour), generators={1: own},
         )  # fmt: skip
-        outcomes.append((got.output_tokens[1].tolist(), got.num_accepted[1].item(), torch.rand(2, generator=own).tolist()))
+        after = torch.rand(2, generator=own).tolist()
+        outcomes.append((got.output_tokens[1].tolist(), got.num_accepted[1].item(), after))
     assert outcomes[0] == outcomes[1]
 
 
