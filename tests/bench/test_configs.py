@@ -145,21 +145,23 @@ def test_suffix_runs_where_arctic_inference_imports_and_is_rejected_with_the_rea
     from vllm_adaptivespec.bench import configs
 
     monkeypatch.setattr(configs, "missing_module", lambda module: None)
-    chosen, rejected = select(["suffix", "ar"], [], DRAFT_PATH)
-    assert [c.name for c in chosen] == ["ar", "suffix"] and not rejected
+    chosen, rejected = select(["suffix", "ar"], [], DRAFT_PATH)  # the kind: both ceilings
+    assert [c.name for c in chosen] == ["ar", "suffix", "suffix-k24"] and not rejected
     (suffix,) = [c for c in chosen if c.name == "suffix"]
     assert suffix.engine_args() == {"speculative_config": configs.SUFFIX, "additional_config": None}
     assert not suffix.needs_drafter and suffix.kind in configs.STOCK_KINDS
+    (default,) = [c for c in chosen if c.name == "suffix-k24"]
+    assert default.speculative_config == {**configs.SUFFIX, "num_speculative_tokens": 24}
 
     monkeypatch.setattr(configs, "missing_module", lambda module: f"needs {module}; importing it failed")
     for names in (["suffix", "ar"], ["all"], ["ar", "suffix@0.5"]):
         chosen, rejected = select(names, [0.5], DRAFT_PATH)
         assert "suffix" not in {c.name for c in chosen} and "ar" in {c.name for c in chosen}
         reasons = {r.name: r.reason for r in rejected}
-        assert list(reasons) == (["suffix"] if names != ["ar", "suffix@0.5"] else ["suffix@0.5"])
+        assert list(reasons) == (["suffix", "suffix-k24"] if names != ["ar", "suffix@0.5"] else ["suffix@0.5"])
     chosen, rejected = select(["all"], [0.5], DRAFT_PATH)
     assert rejected[0].reason == "needs arctic_inference.suffix_decoding; importing it failed"
-    assert len(chosen) == len(TABLE) - 1  # the rest of "all" still runs (one tau: one configuration a row)
+    assert len(chosen) == len(TABLE) - 2  # the rest of "all" still runs (one tau: one configuration a row)
 
 
 def test_missing_module_names_the_package_and_the_import_error():

@@ -30,7 +30,7 @@ from .workloads import Item, load
 # so a time budget cuts the least central ones. A pinned row runs right after its stock twin, so in
 # every round the two are measured back to back.
 RUN_ORDER = ("ar", "static-k4", "pinned-k4", "adaptive", "policy-only", "margin-k4", "static-k2", "pinned-k2",
-             "static-k6", "static-k8", "dynamic", "ngram", "suffix")
+             "static-k6", "static-k8", "dynamic", "ngram", "suffix", "suffix-k24")
 POLL_S = 0.5
 
 
