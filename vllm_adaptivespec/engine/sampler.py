@@ -209,7 +209,7 @@ def _margin_chains(
         )  # fmt: skip
     if sampled is None or greedy is None:
         return greedy or sampled
-    is_greedy = (sampling_metadata.temperature == _GREEDY_TEMPERATURE).to(counts.device)  # [B]
+    is_greedy = (sampling_metadata.temperature == _GREEDY_TEMPERATURE).to(target_logits.device)  # [B]
     return ChainResult(
         torch.where(is_greedy[:, None], greedy.output_tokens, sampled.output_tokens),
         torch.where(is_greedy, greedy.num_accepted, sampled.num_accepted),
