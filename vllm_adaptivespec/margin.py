@@ -319,8 +319,8 @@ def verify_sampled_chains(
 
     Terms: with p the target's distribution at a draft's position (softmax of its processed logits) and q
     the drafter's (one-hot at the draft without ``draft_probs``), a draft *passes* when its uniform draw
-    u < p(draft) / q(draft); failing that it is *promoted* when ``p(draft) / p(top1) = exp(logit(draft) -
-    logit(top1)) >= tau`` while the request's promotions this step stay within its allowance. A request
+    u < p(draft) / q(draft); failing that it is *promoted* when ``p(draft) / p(top1) >= tau`` while the
+    request's promotions this step stay within its allowance. A request
     accepts its drafts up to the first one that does neither; the *next token* is drawn from the residual
     at that draft's position (p without the draft's token; ``norm(max(p - q, 0))`` with ``draft_probs``),
     or is the *bonus* token when every draft was accepted. Vocabulary-wide work: one softmax over the draft
@@ -340,19 +340,16 @@ def verify_sampled_chains(
     # One fused softmax pass over the draft rows (on CPU 1.5x faster than a logsumexp, whose broadcast
     # subtraction is a slow separate pass), the pass vLLM's own random rejection sampler makes.
     probs = target_logits.float().softmax(-1)  # [T, V]
-    token_logit = target_logits.gather(1, drafts[:, None])[:, 0].double()  # [T]
     p_token = probs.gather(1, drafts[:, None])[:, 0].double()  # [T] p(draft)
     if draft_probs is None:
         pass_prob = p_token
     else:
         pass_prob = p_token / draft_probs.gather(1, drafts[:, None])[:, 0].double().clamp(min=1e-30)
-    if uniforms is None:
-        uniforms = torch.rand(request.shape[0], generator=generator, device=device)
-        for row, own in (generators or {}).items():
-            first, n = int(start[row]), int(counts[row])
-            uniforms[first : first + n] = torch.rand(n, generator=own, device=device)
+    if uniforms is None:  # [B, K] as for padded chains (a seeded row: its own drafts' draws), read ragged
+        width = int(counts.max()) if batch else 0
+        uniforms = uniform_draws(batch, width, generator, generators, device, row_counts=counts)[request, position]
     num_accepted, num_promoted, kept = _accept_chains(
-        uniforms.double() < pass_prob, lambda: (token_logit - target_logits.amax(-1).double()).exp(),
+        uniforms.double() < pass_prob, lambda: p_token / probs.amax(-1).double(),
         counts, request, position, tau, promotion_allowance, max_spec_len,
     )  # fmt: skip
 
